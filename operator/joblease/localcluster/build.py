@@ -1,0 +1,299 @@
+"""Build the cluster binaries from their Go modules into a versioned cache.
+
+Why build at all: this machine (and many CI runners) has no Docker engine, so kind
+cannot run; envtest's downloadable binaries need a network path we may not have.
+The Go module proxy is always reachable here, so every component is built from
+the exact upstream release with ``go build``.
+
+How: for ``k8s.io/kubernetes`` a *consumer module* is written (upstream's go.mod
+replaces every staging module with ``./staging/...``, which ``go install`` refuses),
+with one ``replace`` per staging module pinned to the matching ``v0.x`` release.
+Each command's ``main`` file is copied verbatim from the downloaded module, so no
+Go source is maintained here. Built binaries land in
+``$JOBLEASE_CACHE_DIR/bin/<release>/`` and are never rebuilt while present.
+
+``KUBEBUILDER_ASSETS`` (envtest's convention) wins over everything: when it is
+set, binaries are taken from there and Go is not needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+KUBERNETES_VERSION = "v1.37.2"
+ETCD_VERSION = "v3.6.16"
+KWOK_VERSION = "v0.8.0"
+HELM_VERSION = "v4.3.2"
+
+# Commands of k8s.io/kubernetes we build, and the upstream file holding their main.
+KUBE_COMMANDS: dict[str, str] = {
+    "kube-apiserver": "cmd/kube-apiserver/apiserver.go",
+    "kube-controller-manager": "cmd/kube-controller-manager/controller-manager.go",
+    "kube-scheduler": "cmd/kube-scheduler/scheduler.go",
+    "kubectl": "cmd/kubectl/kubectl.go",
+    "kubelet": "cmd/kubelet/kubelet.go",
+}
+
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
+
+ETCD_MAIN = """package main
+
+import (
+\t"os"
+
+\t"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() {
+\tetcdmain.Main(os.Args)
+}
+"""
+
+
+class BuildError(RuntimeError):
+    """A component could not be built or found; the message names it and the fix."""
+
+
+def cache_dir() -> Path:
+    """Return the root of joblease's cache (outside any repository)."""
+    env = os.environ.get("JOBLEASE_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(xdg) / "joblease"
+
+
+def bin_dir_for(component: str) -> Path:
+    """Return the versioned folder that holds a built component."""
+    if component == "etcd":
+        return cache_dir() / "bin" / f"etcd-{ETCD_VERSION}"
+    if component == "kwok":
+        return cache_dir() / "bin" / f"kwok-{KWOK_VERSION}"
+    if component == "helm":
+        return cache_dir() / "bin" / f"helm-{HELM_VERSION}"
+    return cache_dir() / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
+
+
+@dataclass
+class Progress:
+    """Reports long work: a live line on a terminal, plain lines elsewhere (CI logs)."""
+
+    stream: object = sys.stderr
+    interval: float = 15.0
+
+    def line(self, text: str) -> None:
+        """Print one finished line of progress."""
+        print(f"[joblease build] {text}", file=self.stream, flush=True)  # type: ignore[call-overload]
+
+    @contextmanager
+    def step(self, what: str) -> Iterator[None]:
+        """Report ``what`` while it runs, with the elapsed time, then how long it took."""
+        started = time.monotonic()
+        tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        done = threading.Event()
+
+        def tick() -> None:
+            spinner = "|/-\\"
+            i = 0
+            while not done.wait(1.0 if tty else self.interval):
+                elapsed = _fmt(time.monotonic() - started)
+                if tty:
+                    print(f"\r[joblease build] {spinner[i % 4]} {what} … {elapsed}", end="",
+                          file=self.stream, flush=True)  # type: ignore[call-overload]
+                    i += 1
+                else:
+                    self.line(f"{what} … still running ({elapsed})")
+
+        thread = threading.Thread(target=tick, daemon=True)
+        if not tty:
+            self.line(f"{what} …")
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
+            if tty:
+                print("\r", end="", file=self.stream)  # type: ignore[call-overload]
+            self.line(f"{what}: done in {_fmt(time.monotonic() - started)}")
+
+
+def _fmt(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def find_binary(component: str) -> Path | None:
+    """Return an existing binary for ``component``: KUBEBUILDER_ASSETS first, then the cache."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    if assets and (Path(assets) / component).is_file():
+        return Path(assets) / component
+    cached = bin_dir_for(component) / component
+    return cached if cached.is_file() else None
+
+
+def ensure_binaries(components: tuple[str, ...] | list[str], progress: Progress | None = None
+                    ) -> dict[str, Path]:
+    """Return a path for every component, building only what is missing.
+
+    Raises:
+        BuildError: Go is missing and a binary is neither in KUBEBUILDER_ASSETS nor cached,
+            or ``go build`` failed (its output is in the message).
+
+    """
+    progress = progress or Progress()
+    found: dict[str, Path] = {}
+    missing: list[str] = []
+    for name in components:
+        path = find_binary(name)
+        if path is None:
+            missing.append(name)
+        else:
+            found[name] = path
+    if found:
+        progress.line("from cache: " + ", ".join(f"{n} ({found[n]})" for n in found))
+    if not missing:
+        return found
+    _require_go(missing)
+    kube = [m for m in missing if m in KUBE_COMMANDS]
+    if kube:
+        found.update(_build_kube(kube, progress))
+    if "etcd" in missing:
+        found["etcd"] = _build_etcd(progress)
+    for tool, module in (("kwok", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"),
+                         ("helm", f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}")):
+        if tool in missing:
+            found[tool] = _go_install(tool, module, progress)
+    unknown = set(missing) - set(found)
+    if unknown:
+        raise BuildError(f"do not know how to build: {', '.join(sorted(unknown))}")
+    return found
+
+
+def _require_go(missing: list[str]) -> None:
+    if shutil.which("go") is None:
+        raise BuildError(
+            f"cannot find {', '.join(missing)}: Go is not installed and no binaries are "
+            "configured. Either install Go >= 1.26 (https://go.dev/dl/) so joblease can build "
+            "them, or set KUBEBUILDER_ASSETS to a folder holding kube-apiserver, etcd and "
+            "kubectl (e.g. from `setup-envtest use 1.37`)."
+        )
+
+
+def _run(cmd: list[str], cwd: Path, what: str, env: dict[str, str] | None = None) -> None:
+    full_env = {**os.environ, "CGO_ENABLED": "0", **(env or {})}
+    result = subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True,
+                            check=False)
+    if result.returncode != 0:
+        raise BuildError(f"{what} failed ({' '.join(cmd)}):\n{result.stderr[-4000:]}")
+
+
+def _module_dir(module_at_version: str, cwd: Path) -> Path:
+    out = subprocess.run(["go", "mod", "download", "-json", module_at_version], cwd=cwd,
+                         capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise BuildError(f"go mod download {module_at_version} failed:\n{out.stderr[-2000:]}")
+    return Path(json.loads(out.stdout)["Dir"])
+
+
+def _kube_ldflags() -> str:
+    major, minor = KUBERNETES_VERSION.lstrip("v").split(".")[:2]
+    pkg = "k8s.io/component-base/version"
+    return (f"-s -w -X {pkg}.gitVersion={KUBERNETES_VERSION} -X {pkg}.gitMajor={major} "
+            f"-X {pkg}.gitMinor={minor} -X {pkg}.gitTreeState=clean")
+
+
+def write_kube_module(src: Path) -> None:
+    """Write the consumer module that builds k8s.io/kubernetes commands (idempotent)."""
+    src.mkdir(parents=True, exist_ok=True)
+    if not (src / "go.mod").exists():
+        _run(["go", "mod", "init", "joblease.dev/clusterbins"], src, "go mod init")
+    upstream = _module_dir(f"k8s.io/kubernetes@{KUBERNETES_VERSION}", src)
+    staging = re.findall(r"^\s*(k8s\.io/[\w.-]+) => \./staging/",
+                         (upstream / "go.mod").read_text(), re.MULTILINE)
+    staging_version = "v0." + KUBERNETES_VERSION.lstrip("v").split(".", 1)[1]
+    lines = [f"require k8s.io/kubernetes {KUBERNETES_VERSION}"]
+    lines += [f"replace {mod} => {mod} {staging_version}" for mod in staging]
+    gomod = (src / "go.mod").read_text()
+    if "require k8s.io/kubernetes" not in gomod:
+        (src / "go.mod").write_text(gomod + "\n" + "\n".join(lines) + "\n")
+    for name, rel in KUBE_COMMANDS.items():
+        target = src / "cmd" / name / "main.go"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(upstream / rel, target)
+        target.chmod(0o644)
+
+
+def _build_kube(names: list[str], progress: Progress) -> dict[str, Path]:
+    src = cache_dir() / "src" / f"kubernetes-{KUBERNETES_VERSION}"
+    out = bin_dir_for("kube-apiserver")
+    out.mkdir(parents=True, exist_ok=True)
+    with progress.step(f"preparing the k8s.io/kubernetes {KUBERNETES_VERSION} module"):
+        write_kube_module(src)
+        _run(["go", "mod", "tidy"], src, "go mod tidy (kubernetes)")
+    built: dict[str, Path] = {}
+    for name in names:
+        with progress.step(f"building {name} {KUBERNETES_VERSION}"):
+            tmp = out / f".{name}.tmp"
+            _run(["go", "build", "-trimpath", "-ldflags", _kube_ldflags(), "-o", str(tmp),
+                  f"./cmd/{name}"], src, f"go build {name}")
+            tmp.rename(out / name)  # appear only when complete: a killed build leaves no binary
+        built[name] = out / name
+    return built
+
+
+def _build_etcd(progress: Progress) -> Path:
+    src = cache_dir() / "src" / f"etcd-{ETCD_VERSION}"
+    src.mkdir(parents=True, exist_ok=True)
+    out = bin_dir_for("etcd")
+    out.mkdir(parents=True, exist_ok=True)
+    with progress.step(f"building etcd {ETCD_VERSION}"):
+        if not (src / "go.mod").exists():
+            _run(["go", "mod", "init", "joblease.dev/etcdbin"], src, "go mod init (etcd)")
+        (src / "main.go").write_text(ETCD_MAIN)
+        _run(["go", "get", f"go.etcd.io/etcd/server/v3@{ETCD_VERSION}"], src, "go get etcd")
+        _run(["go", "mod", "tidy"], src, "go mod tidy (etcd)")
+        tmp = out / ".etcd.tmp"
+        _run(["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(tmp), "."], src,
+             "go build etcd")
+        tmp.rename(out / "etcd")
+    return out / "etcd"
+
+
+def _go_install(tool: str, module: str, progress: Progress) -> Path:
+    out = bin_dir_for(tool)
+    out.mkdir(parents=True, exist_ok=True)
+    with progress.step(f"building {tool} ({module})"):
+        _run(["go", "install", "-trimpath", "-ldflags", "-s -w", module], out, f"go install {tool}",
+             env={"GOBIN": str(out)})
+    return out / tool
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Build (or find) the named components; default: the control plane."""
+    names = argv if argv else list(CONTROL_PLANE)
+    started = time.monotonic()
+    try:
+        paths = ensure_binaries(names)
+    except BuildError as err:
+        print(f"joblease: {err}", file=sys.stderr)
+        return 1
+    for name in names:
+        print(f"{name}\t{paths[name]}")
+    Progress().line(f"all ready in {_fmt(time.monotonic() - started)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

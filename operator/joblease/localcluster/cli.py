@@ -1,0 +1,138 @@
+"""``joblease build`` and ``joblease local-cluster up|down|env``.
+
+The detached cluster exists for humans (a demo, poking with kubectl): ``up`` starts the
+processes in their own sessions so they outlive the command, and records their PIDs and
+binaries in ``<cache>/clusters/<name>/state.json``; ``down`` stops exactly those PIDs
+(after checking ``/proc/PID/cmdline``) and removes the cluster's folder. Tests do not use
+this: they hold a :class:`LocalCluster` for the session and stop it themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from joblease.localcluster import build
+from joblease.localcluster.certs import CertError
+from joblease.localcluster.cluster import CONTEXT, LocalCluster, stop_detached
+from joblease.localcluster.process import ComponentStartError, pid_matches
+
+DEFAULT_NAME = "local"
+
+
+def state_dir(name: str) -> Path:
+    """Return the folder where a detached cluster's ``state.json`` lives."""
+    return build.cache_dir() / "clusters" / name
+
+
+def _context_for(name: str) -> str:
+    return CONTEXT if name == DEFAULT_NAME else f"{CONTEXT}-{name}"
+
+
+def _read_state(name: str) -> dict[str, Any] | None:
+    path = state_dir(name) / "state.json"
+    if not path.is_file():
+        return None
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
+
+
+def _alive(state: dict[str, Any]) -> list[str]:
+    return [p["name"] for p in state.get("processes", [])
+            if isinstance(p.get("pid"), int) and pid_matches(p["pid"], str(p.get("argv0")))]
+
+
+def _err(message: str) -> int:
+    print(f"joblease: {message}", file=sys.stderr)
+    return 1
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    """Build (or find in the cache) the named components."""
+    return build.main(list(args.components))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Start a detached local cluster and record it."""
+    name: str = args.name
+    state = _read_state(name)
+    if state is not None:
+        if _alive(state):
+            return _err(f"cluster {name!r} is already up ({', '.join(_alive(state))}); "
+                        f"run `joblease local-cluster down --name {name}` first")
+        stop_detached(state)  # stale: processes gone (e.g. reboot); clear its folder
+        shutil.rmtree(state_dir(name), ignore_errors=True)
+    cluster = LocalCluster(kwok=args.kwok, name=_context_for(name), detach=True)
+    try:
+        cluster.start()
+    except (build.BuildError, CertError, ComponentStartError) as err:
+        return _err(str(err))
+    folder = state_dir(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "state.json").write_text(json.dumps(cluster.state(), indent=2) + "\n")
+    print(f"local cluster {name!r} is up: {cluster.server} "
+          f"(/readyz after {cluster.ready_seconds or 0:.1f}s)")
+    for proc in cluster.processes:
+        print(f"  {proc.name:<24} pid {proc.pid:<8} log {proc.log_path}")
+    print(f"contexts: {_context_for(name)} (admin), "
+          f"{_context_for(name)}-alice, {_context_for(name)}-bob")
+    print(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """Stop a detached local cluster by its recorded PIDs and remove its files."""
+    name: str = args.name
+    state = _read_state(name)
+    if state is None:
+        return _err(f"no local cluster {name!r} is recorded (nothing to stop)")
+    for what in stop_detached(state):
+        print(f"stopped {what}")
+    shutil.rmtree(state_dir(name), ignore_errors=True)
+    print(f"local cluster {name!r} is down")
+    return 0
+
+
+def cmd_env(args: argparse.Namespace) -> int:
+    """Print the shell line that points kubectl at a detached local cluster."""
+    state = _read_state(args.name)
+    if state is None:
+        return _err(f"no local cluster {args.name!r}; run `joblease local-cluster up`")
+    print(f"export KUBECONFIG={shlex.quote(str(state['kubeconfig']))}")
+    return 0
+
+
+def _name(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?", value):
+        raise argparse.ArgumentTypeError("use lowercase letters, digits and '-'")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``build`` and ``local-cluster`` to the ``joblease`` command."""
+    p_build = subparsers.add_parser(
+        "build", help="build (or reuse) the cluster binaries",
+        description="Build etcd, Kubernetes components, kwok or helm from their Go modules "
+                    f"into {build.cache_dir() / 'bin'} (KUBEBUILDER_ASSETS wins when set).")
+    p_build.add_argument("components", nargs="*",
+                         help=f"default: {' '.join(build.CONTROL_PLANE)}")
+    p_build.set_defaults(func=cmd_build)
+
+    p_local = subparsers.add_parser("local-cluster", help="a detached local control plane")
+    local = p_local.add_subparsers(dest="local_command", required=True)
+    for verb, func, text in (("up", cmd_up, "start it (processes outlive this command)"),
+                             ("down", cmd_down, "stop it and remove its files"),
+                             ("env", cmd_env, "print `export KUBECONFIG=…`")):
+        sub = local.add_parser(verb, help=text)
+        sub.add_argument("--name", type=_name, default=DEFAULT_NAME,
+                         help="which local cluster (default: %(default)s)")
+        if verb == "up":
+            sub.add_argument("--kwok", action="store_true",
+                             help="also start kwok (simulated nodes and pods)")
+        sub.set_defaults(func=func)

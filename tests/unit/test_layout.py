@@ -1,0 +1,25 @@
+"""The package source root is ``operator/``; it must never shadow the stdlib ``operator``."""
+
+import operator
+import sysconfig
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_operator_is_still_the_stdlib_module() -> None:
+    assert operator.add(2, 3) == 5
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    # `operator` may be built in (no __file__) or a file in the stdlib folder; never ours.
+    location = getattr(operator, "__file__", None)
+    if location is not None:
+        assert Path(location).resolve().is_relative_to(stdlib), location
+        assert not Path(location).resolve().is_relative_to(REPO)
+
+
+def test_source_root_is_not_a_package() -> None:
+    assert (REPO / "operator" / "joblease" / "__init__.py").is_file()
+    assert not (REPO / "operator" / "__init__.py").exists(), (
+        "operator/__init__.py would shadow the stdlib `operator` module for everything "
+        "that runs with the repository root on sys.path"
+    )
