@@ -1,0 +1,49 @@
+# joblease developer entry points. The README's two commands are `make demo` and `make test`;
+# both set up everything they need on a fresh machine (venv, pinned deps, cluster binaries).
+PY        ?= python3
+VENV      ?= .venv
+BIN       := $(VENV)/bin
+STAMP     := $(VENV)/.installed
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup binaries demo test unit lint bench soak clean-cache help
+
+help:
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+$(STAMP): pyproject.toml constraints.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip==26.3
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP) ## create .venv with the pinned dependencies
+
+binaries: setup ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm
+	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm
+
+demo: binaries ## the A/B fencing demo on the embedded local control plane
+	$(BIN)/joblease demo
+
+test: binaries ## lint, types, and every test (unit + real control plane + PostgreSQL)
+	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest -m 'not slow and not node' --junitxml=artifacts/junit.xml
+
+unit: setup ## pure unit tests only (seconds, no servers)
+	$(BIN)/pytest -m unit
+
+lint: setup
+	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
+	$(BIN)/python -m tests.faults.soak --runs $${SOAK_RUNS:-200}
+
+bench: binaries ## benchmarks; prints a table, writes bench/results/
+	$(BIN)/python -m bench
+
+clean-cache: ## remove the cluster binaries cache (~/.cache/joblease)
+	rm -rf $${JOBLEASE_CACHE_DIR:-$$HOME/.cache/joblease}

@@ -1,0 +1,85 @@
+"""kopf wiring only: watch JobLeases into memory, run the reconcile loop, serve metrics.
+
+Deliberately write-free towards kopf's own bookkeeping: only ``@kopf.on.event`` (returns
+``None``, so nothing is stored in ``status``), no create/update/timer/daemon handlers (they
+would add annotations and a finalizer), Events posting from logs disabled, peering off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from datetime import timedelta
+from typing import Any
+
+import kopf
+
+from joblease.controller import metrics
+from joblease.controller.reconciler import LeaseView, Reconciler, observed_transition
+from joblease.domain.lease import Observed
+from joblease.kube.api import KubeApi
+from joblease.kube.leases import GROUP, PLURAL, VERSION, LeaseStore
+
+log = logging.getLogger("joblease.operator")
+VIEW = LeaseView()
+
+
+def margin_from_env() -> timedelta:
+    """The expiry margin (``JOBLEASE_MARGIN_SECONDS``, default 0.25 s plus the clock error)."""
+    return timedelta(seconds=float(os.environ.get("JOBLEASE_MARGIN_SECONDS", "0.25")))
+
+
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Configure kopf to write nothing, calibrate the server clock, start the loop."""
+    settings.posting.enabled = False
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 300
+    api = await asyncio.to_thread(KubeApi.from_kubeconfig, os.environ.get("KUBECONFIG"))
+    error = await asyncio.to_thread(api.calibrate)
+    log.info("server clock estimated to ±%.1f ms", error * 1000)
+    reconciler = Reconciler(LeaseStore(api), VIEW, margin_from_env() + timedelta(seconds=error))
+    memo["reconciler"] = reconciler
+    memo["loop_task"] = asyncio.create_task(_loop(reconciler), name="joblease-reconcile")
+
+
+@kopf.on.cleanup()
+async def stop(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the loop task."""
+    task = memo.get("loop_task")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def on_lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+    """Keep the in-memory view current; count and announce workers' transitions."""
+    body: dict[str, Any] = dict(event.get("object") or {})
+    if not body.get("metadata", {}).get("resourceVersion"):
+        return
+    obs = Observed.from_object(body)
+    if event.get("type") == "DELETED":
+        VIEW.drop(obs.namespace, obs.name)
+        return
+    previous = VIEW.put(obs)
+    transition = observed_transition(previous, obs)
+    if transition is None:
+        return
+    metrics.TRANSITIONS.labels(transition.kind).inc()
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None and transition.kind != "renewed":
+        reconciler.announce(obs, transition)  # renewals are too frequent to be Events
+
+
+async def _loop(reconciler: Reconciler) -> None:
+    while True:
+        try:
+            wait = await asyncio.to_thread(reconciler.pass_once)
+        except Exception:  # keep the loop alive; the next pass retries
+            log.exception("reconcile pass failed")
+            wait = 1.0
+        await asyncio.sleep(min(wait, 1.0))

@@ -1,0 +1,17 @@
+"""Prometheus metrics of the operator (served on ``--metrics-port``)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LEASES = Gauge("joblease_leases", "JobLeases known to this operator, by phase", ["phase"])
+TRANSITIONS = Counter("joblease_transitions_total",
+                      "Lease transitions observed (claimed, renewed, completed, released, "
+                      "expired, failed, initialized)", ["kind"])
+OPERATOR_WRITES = Counter("joblease_operator_writes_total",
+                          "Writes this operator made to JobLeases, by transition", ["kind"])
+CONFLICTS = Counter("joblease_operator_conflicts_total",
+                    "Operator writes lost to a concurrent writer (409, then re-decided)")
+EXPIRY_LAG = Histogram("joblease_expiry_lag_seconds",
+                       "Server time from leaseUntil to the operator marking the lease Expired",
+                       buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30))

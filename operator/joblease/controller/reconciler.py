@@ -1,0 +1,168 @@
+"""The operator's time-driven work over the leases it has seen: expire, initialize, TTL.
+
+One loop for all leases (not a kopf timer per object, which would add a finalizer to each
+and cost a task per object): every pass visits the in-memory view, performs the due
+transitions as compare-and-swap writes, and returns how long to sleep until the next one
+is due on the API server's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from joblease.controller import metrics
+from joblease.domain.clock import ServerNow
+from joblease.domain.errors import LeaseError
+from joblease.domain.lease import (
+    Observed,
+    Phase,
+    Transition,
+    decide_expire,
+    decide_initialize,
+    ttl_expired,
+)
+from joblease.kube.api import ApiError, NotFoundError
+from joblease.kube.leases import LeaseStore
+from joblease.kube.transact import ContentionError, transact
+
+log = logging.getLogger("joblease.operator")
+IDLE_WAKEUP = 5.0
+EVENT_REASONS = {"claimed": "Claimed", "completed": "Completed", "released": "Released",
+                 "expired": "Expired", "failed": "Failed", "initialized": "Created"}
+
+
+class LeaseView:
+    """The operator's in-memory view of JobLeases, fed by the watch (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._leases: dict[tuple[str, str], Observed] = {}
+        self._lock = threading.Lock()
+
+    def put(self, obs: Observed) -> Observed | None:
+        """Store the newest version; return the previous one (or None)."""
+        with self._lock:
+            key = (obs.namespace, obs.name)
+            previous = self._leases.get(key)
+            if previous is not None and _rv(previous) > _rv(obs):
+                return previous  # an older event arrived late; keep the newer version
+            self._leases[key] = obs
+            return previous
+
+    def drop(self, namespace: str, name: str) -> None:
+        """Forget a deleted lease."""
+        with self._lock:
+            self._leases.pop((namespace, name), None)
+
+    def snapshot(self) -> list[Observed]:
+        """A copy of every known lease."""
+        with self._lock:
+            return list(self._leases.values())
+
+
+class Reconciler:
+    """Performs due transitions over a ``LeaseView``."""
+
+    def __init__(self, store: LeaseStore, view: LeaseView, margin: timedelta,
+                 post_events: bool = True) -> None:
+        self.store, self.view, self.margin, self.post_events = store, view, margin, post_events
+
+    def pass_once(self) -> float:
+        """Visit every lease once; return seconds until the next transition may be due."""
+        now = self.store.api.server_now()
+        wakeup = IDLE_WAKEUP
+        counts = dict.fromkeys(Phase, 0)
+        for obs in self.view.snapshot():
+            counts[obs.status.phase] += 1
+            wakeup = min(wakeup, self._visit(obs, now))
+        for phase, count in counts.items():
+            metrics.LEASES.labels(phase.value).set(count)
+        return max(0.02, wakeup)
+
+    def _visit(self, obs: Observed, now: ServerNow) -> float:
+        st = obs.status
+        if not obs.has_status:
+            self._write(obs, lambda o, n: decide_initialize(o, n))
+            return IDLE_WAKEUP
+        if st.phase == Phase.HELD and st.lease_until is not None:
+            due = (st.lease_until + self.margin - now.earliest).total_seconds()
+            if due <= 0:
+                self._write(obs, lambda o, n: decide_expire(o, n, self.margin))
+                return IDLE_WAKEUP
+            return due
+        if st.phase.finished and obs.spec.ttl_seconds_after_finished is not None:
+            if ttl_expired(obs, now):
+                self._delete(obs)
+                return IDLE_WAKEUP
+            if st.finish_time is not None:
+                ttl = timedelta(seconds=obs.spec.ttl_seconds_after_finished)
+                return (st.finish_time + ttl - now.earliest).total_seconds()
+        return IDLE_WAKEUP
+
+    def _write(self, obs: Observed, decide: object) -> None:
+        try:
+            outcome = transact(self.store, obs.namespace, obs.name, decide,  # type: ignore[arg-type]
+                               observed=obs)
+        except (LeaseError, ContentionError, ApiError) as err:
+            log.warning("JobLease %s/%s: %s", obs.namespace, obs.name, err)
+            return
+        if outcome.transition is None:
+            return
+        self.view.put(outcome.observed)
+        metrics.OPERATOR_WRITES.labels(outcome.transition.kind).inc()
+        if outcome.transition.kind == "expired" and obs.status.lease_until is not None:
+            lag = self.store.api.server_now().midpoint - obs.status.lease_until
+            metrics.EXPIRY_LAG.observe(max(0.0, lag.total_seconds()))
+        log.info("JobLease %s/%s: %s", obs.namespace, obs.name, outcome.transition.message)
+        self.announce(outcome.observed, outcome.transition)
+
+    def _delete(self, obs: Observed) -> None:
+        try:
+            self.store.delete_if_unchanged(obs)
+        except NotFoundError:
+            pass
+        except ApiError as err:  # 409: changed meanwhile; the next pass decides again
+            log.info("JobLease %s/%s: TTL delete skipped: %s", obs.namespace, obs.name, err)
+            return
+        metrics.OPERATOR_WRITES.labels("deleted").inc()
+        self.view.drop(obs.namespace, obs.name)
+        log.info("JobLease %s/%s: deleted %ss after it finished", obs.namespace, obs.name,
+                 obs.spec.ttl_seconds_after_finished)
+
+    def announce(self, obs: Observed, transition: Transition) -> None:
+        """Post a Kubernetes Event for a transition (best effort: Events are not state)."""
+        reason = EVENT_REASONS.get(transition.kind)
+        if not self.post_events or reason is None:
+            return
+        type_ = "Warning" if transition.kind in ("expired", "failed") else "Normal"
+        try:
+            self.store.post_event(obs, type_, reason, transition.message)
+        except ApiError as err:
+            log.warning("could not post Event for %s/%s: %s", obs.namespace, obs.name, err)
+
+
+def observed_transition(before: Observed | None, after: Observed) -> Transition | None:
+    """Name the transition between two versions seen on the watch (for Events and metrics)."""
+    old, new = (before.status if before else None), after.status
+    if old is None or not after.has_status:
+        return None
+    if new.generation > old.generation and new.phase == Phase.HELD:
+        return Transition("claimed", new, f"claimed by {new.holder!r} at generation "
+                                          f"{new.generation}")
+    if new.phase == old.phase and new.generation == old.generation:
+        return Transition("renewed", new, "renewed") if new.renew_time != old.renew_time else None
+    if new.phase == Phase.COMPLETED:
+        return Transition("completed", new, f"completed by {new.holder!r} at generation "
+                                            f"{new.generation}")
+    if new.phase == Phase.AVAILABLE and old.phase == Phase.HELD:
+        return Transition("released", new, f"released by {old.holder!r} at generation "
+                                           f"{old.generation}")
+    return None
+
+
+def _rv(obs: Observed) -> int:
+    try:
+        return int(obs.resource_version)
+    except ValueError:
+        return 0

@@ -1,0 +1,92 @@
+"""Errors of the lease protocol, each naming the lease, the holder and the generation.
+
+They are distinct types (temporal#2538: users who got a generic "invalid argument" for a
+stale task token could not tell it from a bug) so callers can tell three situations apart:
+
+* ``LeaseUnavailableError``: a claim was refused; someone else holds it, or it is finished.
+* ``LeaseLostError``: a renew/complete/release was refused; the caller no longer holds it.
+  ``StaleLeaseError`` (another generation or holder is current) and ``LeaseExpiredError``
+  (the caller's lease ran out on the server's clock) are its kinds. A worker seeing any
+  ``LeaseLostError`` must stop producing effects.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+
+class LeaseError(Exception):
+    """Base of every joblease protocol error."""
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.name = name
+
+
+class LeaseUnavailableError(LeaseError):
+    """A claim was refused."""
+
+
+class LeaseHeldError(LeaseUnavailableError):
+    """Someone else holds the lease and it has not expired on the server's clock."""
+
+    def __init__(self, name: str, holder: str, generation: int, lease_until: datetime | None
+                 ) -> None:
+        until = format_time(lease_until) if lease_until else "an unknown time"
+        super().__init__(name, f"lease {name!r} is held by {holder!r} at generation "
+                               f"{generation} until {until} (server time)")
+        self.holder, self.generation, self.lease_until = holder, generation, lease_until
+
+
+class LeaseFinishedError(LeaseUnavailableError):
+    """The lease is Completed or Failed and is never claimed again."""
+
+    def __init__(self, name: str, phase: str, generation: int, detail: str = "") -> None:
+        extra = f": {detail}" if detail else ""
+        super().__init__(name, f"lease {name!r} is {phase} at generation {generation} and "
+                               f"cannot be claimed again{extra}")
+        self.phase, self.generation = phase, generation
+
+
+class LeaseLostError(LeaseError):
+    """The caller's lease is no longer valid; it must stop producing effects."""
+
+
+class StaleLeaseError(LeaseLostError):
+    """The caller's (holder, generation) is not the current one."""
+
+    def __init__(self, name: str, holder: str, generation: int, current_holder: str | None,
+                 current_generation: int, phase: str) -> None:
+        now_held = f"held by {current_holder!r}" if current_holder else "not held"
+        super().__init__(
+            name,
+            f"stale lease token for {name!r}: {holder!r} presented generation {generation}, "
+            f"but the current generation is {current_generation} ({now_held}, phase {phase})",
+        )
+        self.holder, self.generation = holder, generation
+        self.current_holder, self.current_generation, self.phase = (
+            current_holder, current_generation, phase)
+
+
+class LeaseExpiredError(LeaseLostError):
+    """The caller still matches, but its lease has run out on the server's clock."""
+
+    def __init__(self, name: str, holder: str, generation: int, lease_until: datetime | None
+                 ) -> None:
+        until = format_time(lease_until) if lease_until else "an unknown time"
+        super().__init__(name, f"lease {name!r} of {holder!r} at generation {generation} "
+                               f"expired at {until} (server time); claim it again")
+        self.holder, self.generation, self.lease_until = holder, generation, lease_until
+
+
+class LeaseNotFoundError(LeaseError):
+    """No JobLease of that name exists."""
+
+    def __init__(self, name: str, namespace: str) -> None:
+        super().__init__(name, f"JobLease {namespace}/{name} not found "
+                               "(create it with `kubectl apply -f …`)")
+
+
+def format_time(when: datetime) -> str:
+    """Format a time the way the JobLease status stores it (RFC 3339, ms, UTC)."""
+    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"

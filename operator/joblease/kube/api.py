@@ -1,0 +1,193 @@
+"""The only code that talks HTTP to the API server.
+
+One client library serves the worker SDK, the CLI and the operator's writes: the official
+``kubernetes`` client, used at its lowest level (``ApiClient.param_serialize`` +
+``call_api``) so that every request can carry exactly the headers we choose (merge-patch
+content type, ``resourceVersion`` preconditions) and every response's ``Date`` header is
+folded into the server-clock estimate. Its configuration loaders cover kubeconfig files,
+in-cluster ServiceAccount tokens and exec plugins, which a hand-rolled client would redo.
+
+Errors come back as typed exceptions (409 → ``ConflictError`` and so on), with the API
+server's own message, so callers never parse HTTP.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import Any
+from urllib.parse import urlencode
+
+import urllib3
+from kubernetes import client as k8s_client
+from kubernetes import config as k8s_config
+
+from joblease.domain.clock import ServerClock, ServerNow
+
+MERGE_PATCH = "application/merge-patch+json"
+DEFAULT_TIMEOUT = 10.0
+
+
+class ApiError(Exception):
+    """A request the API server answered with an error status (or that did not arrive)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{status} {reason}: {message}" if status else message)
+        self.status, self.reason, self.message = status, reason, message
+
+
+class ConflictError(ApiError):
+    """409: the object changed since it was read. Re-read and decide again; never retry blindly."""
+
+
+class NotFoundError(ApiError):
+    """404: no such object."""
+
+
+class InvalidError(ApiError):
+    """422 (or 400): the API server's schema, CEL rules or admission refused the write."""
+
+
+class ForbiddenError(ApiError):
+    """403: RBAC or an admission policy refused the request."""
+
+
+class UnavailableError(ApiError):
+    """The request did not get an answer (connection refused, timeout, 5xx)."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {
+    409: ConflictError, 404: NotFoundError, 422: InvalidError, 400: InvalidError,
+    403: ForbiddenError,
+}
+
+
+@dataclass(frozen=True)
+class Response:
+    """A successful response: the decoded body, and the local monotonic send/receive times."""
+
+    status: int
+    body: dict[str, Any]
+    sent: float
+    received: float
+
+
+class KubeApi:
+    """A thread-safe HTTP client bound to one cluster identity, with a server-clock estimate.
+
+    Args:
+        api_client: A configured ``kubernetes.client.ApiClient``.
+        clock: The server-clock estimate to feed (a fresh one by default).
+        monotonic: The local monotonic clock (injected for tests).
+    """
+
+    def __init__(self, api_client: k8s_client.ApiClient, clock: ServerClock | None = None,
+                 monotonic: Any = time.monotonic) -> None:
+        self._client = api_client
+        self.clock = clock or ServerClock()
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> KubeApi:
+        """Build from a kubeconfig file (``$KUBECONFIG`` by default) or, in a pod, in-cluster."""
+        configuration = k8s_client.Configuration()
+        try:
+            k8s_config.load_kube_config(config_file=path, context=context,
+                                        client_configuration=configuration)
+        except k8s_config.ConfigException:
+            if path is not None:
+                raise
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        configuration.retries = False  # we decide what to retry: a 409 is never retried blindly
+        return cls(k8s_client.ApiClient(configuration))
+
+    @property
+    def host(self) -> str:
+        """The API server URL."""
+        return str(self._client.configuration.host)
+
+    def monotonic(self) -> float:
+        """The local monotonic clock this client measures with."""
+        return float(self._monotonic())
+
+    def server_now(self) -> ServerNow:
+        """The server's current time as an interval (asks the server if nothing is known)."""
+        if not self.clock.known:
+            self.request("GET", "/version")
+        with self._lock:
+            return self.clock.now(self.monotonic())
+
+    def calibrate(self, max_seconds: float = 1.5, target_error: float = 0.01) -> float:
+        """Sample ``/version`` until the server's second ticks over, narrowing the clock estimate.
+
+        Returns the error bound in seconds reached. Costs about one second once per process;
+        without it the bound is about half a second plus half a round trip.
+        """
+        deadline = self.monotonic() + max_seconds
+        while self.monotonic() < deadline:
+            self.request("GET", "/version")
+            error = self.clock.error_bound(self.monotonic()).total_seconds()
+            if error <= target_error:
+                return error
+            time.sleep(0.002)
+        return self.clock.error_bound(self.monotonic()).total_seconds()
+
+    def request(self, method: str, path: str, body: Any = None, *,
+                query: dict[str, str] | None = None, content_type: str | None = None,
+                timeout: float = DEFAULT_TIMEOUT) -> Response:
+        """Send one request; return the decoded body or raise a typed ``ApiError``."""
+        if query:
+            path = f"{path}?{urlencode(query)}"
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = content_type or "application/json"
+        serialized = self._client.param_serialize(method, path, header_params=headers,
+                                                  body=body, auth_settings=["BearerToken"])
+        sent = self.monotonic()
+        try:
+            raw = self._client.call_api(*serialized, _request_timeout=timeout)
+            data = raw.read()
+        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as err:
+            raise UnavailableError(0, "Unavailable", f"{method} {path}: {err}") from err
+        received = self.monotonic()
+        self._observe_date(raw.headers.get("Date"), sent, received)
+        decoded = _decode(data)
+        if not 200 <= raw.status <= 299:
+            raise _error_for(raw.status, raw.reason or "", decoded, method, path)
+        return Response(raw.status, decoded, sent, received)
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._client.close()
+
+    def _observe_date(self, header: str | None, sent: float, received: float) -> None:
+        if not header:
+            return
+        try:
+            server_seconds = int(parsedate_to_datetime(header).timestamp())
+        except (TypeError, ValueError):
+            return
+        with self._lock:
+            self.clock.observe(sent, received, server_seconds)
+
+
+def _decode(data: bytes | None) -> dict[str, Any]:
+    if not data:
+        return {}
+    try:
+        decoded = json.loads(data)
+    except ValueError:
+        return {"message": data.decode(errors="replace")[:2000]}
+    return decoded if isinstance(decoded, dict) else {"items": decoded}
+
+
+def _error_for(status: int, reason: str, body: dict[str, Any], method: str, path: str
+               ) -> ApiError:
+    message = str(body.get("message") or f"{method} {path}")
+    if status >= 500 or status == 429:
+        return UnavailableError(status, reason, message)
+    return _BY_STATUS.get(status, ApiError)(status, reason, message)

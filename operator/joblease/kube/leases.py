@@ -1,0 +1,94 @@
+"""JobLease objects on the API server: read, conditional status write, delete, Events."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from joblease.domain.errors import LeaseNotFoundError, format_time
+from joblease.domain.lease import LeaseStatus, Observed
+from joblease.kube.api import MERGE_PATCH, KubeApi, NotFoundError
+
+GROUP = "joblease.dev"
+VERSION = "v1alpha1"
+PLURAL = "jobleases"
+KIND = "JobLease"
+
+
+def lease_path(namespace: str | None, name: str | None = None, subresource: str = "") -> str:
+    """URL path of the JobLease collection, one object, or its subresource."""
+    base = f"/apis/{GROUP}/{VERSION}"
+    base += f"/namespaces/{namespace}/{PLURAL}" if namespace else f"/{PLURAL}"
+    if name:
+        base += f"/{name}"
+    if subresource:
+        base += f"/{subresource}"
+    return base
+
+
+class LeaseStore:
+    """JobLease objects through one ``KubeApi`` (one identity, one server-clock estimate)."""
+
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
+
+    def get(self, namespace: str, name: str) -> Observed:
+        """Read one JobLease.
+
+        Raises:
+            LeaseNotFoundError: it does not exist.
+        """
+        try:
+            return Observed.from_object(self.api.request("GET", lease_path(namespace, name)).body)
+        except NotFoundError as err:
+            raise LeaseNotFoundError(name, namespace) from err
+
+    def list(self, namespace: str | None = None) -> list[Observed]:
+        """List JobLeases in one namespace, or in all."""
+        items = self.api.request("GET", lease_path(namespace)).body.get("items", [])
+        return [Observed.from_object(item) for item in items]
+
+    def create(self, namespace: str, name: str, spec: dict[str, Any] | None = None,
+               labels: dict[str, str] | None = None) -> Observed:
+        """Create a JobLease (tests, demo and CLI convenience; users normally `kubectl apply`)."""
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                "metadata": {"name": name, "labels": labels or {}}, "spec": spec or {}}
+        return Observed.from_object(self.api.request("POST", lease_path(namespace), body).body)
+
+    def write_status(self, observed: Observed, status: LeaseStatus) -> Observed:
+        """Write ``status`` only if the object is still at ``observed.resource_version``.
+
+        A merge patch carrying ``metadata.resourceVersion`` is a compare-and-swap: the API
+        server answers 409 (``ConflictError``) if anyone wrote in between.
+        """
+        patch = {"metadata": {"resourceVersion": observed.resource_version},
+                 "status": status.to_dict()}
+        path = lease_path(observed.namespace, observed.name, "status")
+        body = self.api.request("PATCH", path, patch, content_type=MERGE_PATCH).body
+        return Observed.from_object(body)
+
+    def delete_if_unchanged(self, observed: Observed) -> None:
+        """Delete only the exact version decided from (uid and resourceVersion preconditions)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1",
+                "preconditions": {"uid": observed.uid,
+                                  "resourceVersion": observed.resource_version}}
+        self.api.request("DELETE", lease_path(observed.namespace, observed.name), body)
+
+    def post_event(self, observed: Observed, type_: str, reason: str, message: str,
+                   component: str = "joblease-operator") -> None:
+        """Post a core/v1 Event about a JobLease (visible in `kubectl describe jl`)."""
+        now = format_time(self.api.server_now().midpoint)  # the server clock, as everywhere
+        body = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{observed.name}.", "namespace": observed.namespace},
+            "involvedObject": {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+                               "name": observed.name, "namespace": observed.namespace,
+                               "uid": observed.uid},
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": component, "host": socket.gethostname()},
+            "reportingComponent": component,
+            "reportingInstance": f"{socket.gethostname()}-{os.getpid()}",
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        self.api.request("POST", f"/api/v1/namespaces/{observed.namespace}/events", body)
