@@ -1,0 +1,1 @@
+"""Helpers shared by test suites (real servers the tests start and stop themselves)."""
