@@ -136,3 +136,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             sub.add_argument("--kwok", action="store_true",
                              help="also start kwok (simulated nodes and pods)")
         sub.set_defaults(func=func)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run only these subcommands (``python -m joblease.localcluster.cli local-cluster up``).
+
+    The same commands as ``joblease build`` / ``joblease local-cluster``, without importing
+    the rest of the product: the test harness stays usable while other parts change.
+    """
+    parser = argparse.ArgumentParser(prog="joblease")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
