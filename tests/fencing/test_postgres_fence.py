@@ -237,7 +237,8 @@ def test_racing_writers_never_accept_a_lower_token_after_a_higher_one(
         assert error.presented < error.highest
         assert error.highest in log, "a refusal cited a token that was never accepted"
     assert stored(conn) == max(log)
-    assert output(conn) is not None and output(conn)[1] == str(max(log))
+    final = output(conn)
+    assert final is not None and final[1] == str(max(log))
 
 
 def test_async_variant_has_the_same_semantics(fresh_dsn: str) -> None:

@@ -82,9 +82,12 @@ class FencedFileStore:
             return decision
 
     def get(self, resource: str) -> tuple[Any, FencingToken] | None:
-        """Return ``(value, highest token)`` for ``resource``, or ``None`` if never written."""
-        with self._locked(resource):
-            stored = self._read(resource)
+        """Return ``(value, highest token)`` for ``resource``, or ``None`` if never written.
+
+        Needs no lock: writers replace the file by ``rename``, so a reader sees either the
+        previous or the next complete file, never a partial one.
+        """
+        stored = self._read(resource)
         return None if stored is None else (stored[1], stored[0].highest)
 
     def _path(self, resource: str, suffix: str) -> Path:
