@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -111,13 +112,31 @@ def test_stale_writer_waiting_on_the_row_lock_is_refused_after_the_commit(
     thread = threading.Thread(target=holder_b)
     thread.start()
     assert b_inside.wait(10)
-    with psycopg.connect(fresh_dsn) as late:
-        threading.Timer(0.3, release_b.set).start()
-        with pytest.raises(StaleTokenError, match=r"4711/7 .* 4711/8"):
-            FENCE.write(late, "job-1", T7, "a-2", put("A-late", T7))
+    watcher = threading.Thread(target=release_when_blocked, args=(fresh_dsn, release_b))
+    watcher.start()
+    with (
+        psycopg.connect(fresh_dsn) as late,
+        pytest.raises(StaleTokenError, match=r"4711/7 .* 4711/8"),
+    ):
+        FENCE.write(late, "job-1", T7, "a-2", put("A-late", T7))
     thread.join(10)
+    watcher.join(10)
     assert errors == []
     assert output(conn) == ("B", "4711/8")
+
+
+def release_when_blocked(dsn: str, release: threading.Event) -> None:
+    """Set ``release`` once a session waits on a lock (the late writer queued on the row)."""
+    with psycopg.connect(dsn, autocommit=True) as c:
+        for _ in range(200):
+            row = c.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE wait_event_type = 'Lock' AND datname = current_database()"
+            ).fetchone()
+            if row is not None and row[0] >= 1:
+                break
+            time.sleep(0.05)
+    release.set()
 
 
 def test_duplicate_is_a_noop_and_a_new_key_is_applied(conn: psycopg.Connection[Any]) -> None:
