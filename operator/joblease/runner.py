@@ -9,6 +9,7 @@ grace period. Exit 0 completes the lease; any other exit releases it as failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -92,10 +93,8 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(child.pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _forward_signals(child: subprocess.Popen[bytes]) -> Callable[[], None]:

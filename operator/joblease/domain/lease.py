@@ -389,7 +389,7 @@ def set_condition(conditions: tuple[dict[str, Any], ...], type_: str, status: bo
         else previous["lastTransitionTime"],
         "observedGeneration": observed_generation,
     }
-    return tuple(c for c in conditions if c.get("type") != type_) + (new,)
+    return (*(c for c in conditions if c.get("type") != type_), new)
 
 
 def parse_time(text: str) -> datetime:

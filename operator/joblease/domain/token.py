@@ -33,7 +33,8 @@ class FencingToken:
 
     def __post_init__(self) -> None:
         if self.epoch < 0 or self.generation < 0:
-            raise ValueError(f"fencing token parts must be >= 0, got {self.epoch}/{self.generation}")
+            raise ValueError(
+                f"fencing token parts must be >= 0, got {self.epoch}/{self.generation}")
 
     def __str__(self) -> str:
         return f"{self.epoch}/{self.generation}"

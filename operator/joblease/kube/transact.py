@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from joblease.domain.clock import ServerNow
+from joblease.domain.errors import LeaseError
 from joblease.domain.lease import Observed, Transition
 from joblease.kube.api import ConflictError
 from joblease.kube.leases import LeaseStore
@@ -39,7 +40,9 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
     1. Read the object — unless the caller passes ``observed``, a version it believes is
        current (a holder renewing from its own last write skips the read).
     2. Estimate the API server's time now, as an interval (never the local wall clock).
-    3. Decide with the pure protocol. A refusal raises here and nothing is written;
+    3. Decide with the pure protocol. A refusal raises here and nothing is written —
+       but a refusal decided from the caller's cached version is confirmed from a fresh
+       read first, so the error names the server's current holder and generation.
        ``None`` means there is nothing to do.
     4. Write the new status with the read ``resourceVersion`` as precondition.
     5. On 409 someone else wrote first: go back to 1 with a fresh read and decide again —
@@ -51,10 +54,16 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
         ContentionError: ``max_conflicts`` attempts in a row met 409.
     """
     for _ in range(max_conflicts):
+        cached = observed is not None
         current = observed or store.get(namespace, name)  # 1
         observed = None
         now = store.api.server_now()  # 2
-        transition = decide(current, now)  # 3
+        try:
+            transition = decide(current, now)  # 3
+        except LeaseError:
+            if not cached:
+                raise
+            continue  # confirm the refusal from a fresh read
         if transition is None:
             return Outcome(current, None, store.api.monotonic())
         sent = store.api.monotonic()

@@ -106,7 +106,7 @@ class Holding:
         self.on_lost()
 
     def on_lost(self) -> None:
-        """Hook called once, from the renewal thread, when the lease is lost."""
+        """React to the loss (called once, from the renewal thread); subclasses override."""
 
 
 class AsyncHolding(Holding):

@@ -1,0 +1,211 @@
+"""The ``joblease`` command (also installed as ``kubectl-joblease``, so ``kubectl joblease …``).
+
+Exit codes (stable, for scripts):
+    0  success
+    1  unexpected error
+    2  usage error
+    3  the lease is unavailable: held by someone else, or finished (claim refused)
+    4  the lease is lost: stale generation or expired (renew/complete/release refused),
+       or, for ``run``, lost while the command ran (the command was stopped)
+    5  no such JobLease
+    6  the API server refused or could not be reached (RBAC, validation, network)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from joblease.domain.errors import (
+    LeaseError,
+    LeaseLostError,
+    LeaseNotFoundError,
+    LeaseUnavailableError,
+    format_time,
+)
+from joblease.domain.lease import Observed
+from joblease.kube.api import ApiError
+from joblease.localcluster import cli as localcluster_cli
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_NOT_FOUND, EXIT_API = range(7)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with every subcommand registered."""
+    parser = argparse.ArgumentParser(prog="joblease", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _register_lease_commands(sub)
+    _register_operator(sub)
+    _register_demo(sub)
+    localcluster_cli.register(sub)
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-n", "--namespace", default="default")
+    p.add_argument("--kubeconfig", default=None, help="default: $KUBECONFIG or in-cluster")
+    p.add_argument("--context", default=None)
+    p.add_argument("-o", "--output", choices=["text", "json"], default="text")
+
+
+def _held(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", help="the JobLease (job id)")
+    p.add_argument("--holder", required=True, help="identity that holds the lease")
+    p.add_argument("--generation", type=int, required=True, help="the token's generation")
+
+
+def _register_lease_commands(sub: Any) -> None:
+    claim = sub.add_parser("claim", help="claim a JobLease; prints its token")
+    _common(claim)
+    claim.add_argument("name")
+    claim.add_argument("--holder", default=None, help="default: HOSTNAME-PID")
+    claim.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                       help="wait up to SECONDS while someone else holds it")
+    claim.set_defaults(func=_cmd_claim)
+    for verb in ("renew", "complete", "release"):
+        p = sub.add_parser(verb, help=f"{verb} a JobLease you hold (needs holder + generation)")
+        _common(p)
+        _held(p)
+        if verb == "complete":
+            p.add_argument("--result", default="", help="short result to record")
+        if verb == "release":
+            p.add_argument("--failed", action="store_true", help="count it as a failed attempt")
+        p.set_defaults(func=_cmd_held, verb=verb)
+    get = sub.add_parser("get", help="show a JobLease's status")
+    _common(get)
+    get.add_argument("name")
+    get.set_defaults(func=_cmd_get)
+    run = sub.add_parser("run", help="run a command while holding a lease",
+                         description="Claim, run CMD with the token in its environment, renew "
+                         "while it runs, stop it if the lease is lost; complete on exit 0.")
+    _common(run)
+    run.add_argument("--lease", required=True, help="the JobLease (job id)")
+    run.add_argument("--holder", default=None)
+    run.add_argument("--wait", type=float, default=0.0, metavar="SECONDS")
+    run.add_argument("--grace", type=float, default=5.0,
+                     help="seconds between SIGTERM and SIGKILL when the lease is lost")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
+    run.set_defaults(func=_cmd_run)
+
+
+def _register_operator(sub: Any) -> None:
+    from joblease.controller.main import add_arguments, run
+    p = sub.add_parser("operator", help="run the operator (same as python -m joblease)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def _register_demo(sub: Any) -> None:
+    from joblease import demo
+    p = sub.add_parser("demo", help="the A/B fencing demo on a local control plane")
+    demo.add_arguments(p)
+    p.set_defaults(func=demo.run)
+
+
+def _client(args: argparse.Namespace) -> Any:
+    from joblease.sdk.client import LeaseClient
+    return LeaseClient(args.namespace, kubeconfig=args.kubeconfig, context=args.context)
+
+
+def _cmd_claim(args: argparse.Namespace) -> int:
+    client = _client(args)
+    lease = (client.wait_claim(args.name, args.holder, timeout=args.wait) if args.wait
+             else client.claim(args.name, args.holder))
+    _print(args, {"name": lease.name, "namespace": lease.namespace, "holder": lease.holder,
+                  "generation": lease.token.generation, "epoch": lease.token.epoch,
+                  "token": str(lease.token),
+                  "leaseUntil": format_time(lease.lease_until) if lease.lease_until else None},
+           f"claimed {lease.namespace}/{lease.name} for {lease.holder!r}: generation "
+           f"{lease.token.generation} (token {lease.token}) until "
+           f"{format_time(lease.lease_until) if lease.lease_until else '?'}")
+    return EXIT_OK
+
+
+def _cmd_held(args: argparse.Namespace) -> int:
+    from joblease.domain.lease import decide_complete, decide_release, decide_renew
+    from joblease.kube.transact import transact
+    client = _client(args)
+    margin = client.margin()
+    if args.verb == "renew":
+        def decide(o: Observed, n: Any) -> Any:
+            return decide_renew(o, args.holder, args.generation, n, margin)
+    elif args.verb == "complete":
+        def decide(o: Observed, n: Any) -> Any:
+            return decide_complete(o, args.holder, args.generation, args.result, n, margin)
+    else:
+        def decide(o: Observed, n: Any) -> Any:
+            return decide_release(o, args.holder, args.generation, n, margin, args.failed)
+    outcome = transact(client.store, args.namespace, args.name, decide)
+    st = outcome.observed.status
+    _print(args, _status_dict(outcome.observed),
+           f"{args.verb} of {args.namespace}/{args.name} at generation {args.generation}: ok "
+           f"(phase {st.phase.value})")
+    return EXIT_OK
+
+
+def _cmd_get(args: argparse.Namespace) -> int:
+    obs = _client(args).get(args.name)
+    st = obs.status
+    _print(args, _status_dict(obs),
+           f"{obs.namespace}/{obs.name}: phase {st.phase.value}, holder {st.holder or '-'}, "
+           f"generation {st.generation}, token {st.token()}, leaseUntil "
+           f"{format_time(st.lease_until) if st.lease_until else '-'}, attempts {st.attempts}")
+    return EXIT_OK
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from joblease.runner import run_under_lease
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        print("joblease run: no command given (use: joblease run --lease NAME -- CMD ARGS…)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    client = _client(args)
+    lease = (client.wait_claim(args.lease, args.holder, timeout=args.wait) if args.wait
+             else client.claim(args.lease, args.holder))
+    print(f"joblease run: holding {lease.namespace}/{lease.name} as {lease.holder!r} at "
+          f"generation {lease.token.generation}", file=sys.stderr, flush=True)
+    result = run_under_lease(lease, command, grace=args.grace)
+    if result.lost:
+        return EXIT_LOST
+    return result.child_exit
+
+
+def _status_dict(obs: Observed) -> dict[str, Any]:
+    return {"name": obs.name, "namespace": obs.namespace, **obs.status.to_dict()}
+
+
+def _print(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
+    print(json.dumps(data, indent=2) if args.output == "json" else text, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI and return its exit code (see the module doc)."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except LeaseNotFoundError as err:
+        return _fail(err, EXIT_NOT_FOUND)
+    except LeaseUnavailableError as err:
+        return _fail(err, EXIT_UNAVAILABLE)
+    except LeaseLostError as err:
+        return _fail(err, EXIT_LOST)
+    except LeaseError as err:
+        return _fail(err, EXIT_ERROR)
+    except ApiError as err:
+        return _fail(err, EXIT_API)
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+def _fail(err: Exception, code: int) -> int:
+    print(f"joblease: {err}", file=sys.stderr)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
