@@ -18,6 +18,7 @@ set, binaries are taken from there and Go is not needed.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -166,6 +167,41 @@ def ensure_binaries(components: tuple[str, ...] | list[str], progress: Progress 
     if not missing:
         return found
     _require_go(missing)
+    with _build_lock(progress):
+        # Another process may have built some while we waited for the lock.
+        for name in list(missing):
+            path = find_binary(name)
+            if path is not None:
+                found[name] = path
+                missing.remove(name)
+        _build_missing(missing, found, progress)
+    return found
+
+
+@contextmanager
+def _build_lock(progress: Progress) -> Iterator[None]:
+    """Serialise builds across processes sharing one cache.
+
+    ``make binaries`` while pytest builds, or two CI jobs on one runner: two ``go build``s
+    of one binary waste minutes and race on the output file.
+    """
+    lock_path = cache_dir() / "build.lock"
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with lock_path.open("w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress.line(f"another build holds {lock_path}; waiting for it")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _build_missing(missing: list[str], found: dict[str, Path], progress: Progress) -> None:
+    if not missing:
+        return
     kube = [m for m in missing if m in KUBE_COMMANDS]
     if kube:
         found.update(_build_kube(kube, progress))
@@ -178,7 +214,6 @@ def ensure_binaries(components: tuple[str, ...] | list[str], progress: Progress 
     unknown = set(missing) - set(found)
     if unknown:
         raise BuildError(f"do not know how to build: {', '.join(sorted(unknown))}")
-    return found
 
 
 def _require_go(missing: list[str]) -> None:
@@ -274,9 +309,13 @@ def _build_etcd(progress: Progress) -> Path:
 def _go_install(tool: str, module: str, progress: Progress) -> Path:
     out = bin_dir_for(tool)
     out.mkdir(parents=True, exist_ok=True)
+    staging = out / f".{tool}.tmp"  # appear only when complete, like the other builds
+    shutil.rmtree(staging, ignore_errors=True)
     with progress.step(f"building {tool} ({module})"):
         _run(["go", "install", "-trimpath", "-ldflags", "-s -w", module], out, f"go install {tool}",
-             env={"GOBIN": str(out)})
+             env={"GOBIN": str(staging)})
+        (staging / tool).rename(out / tool)
+        staging.rmdir()
     return out / tool
 
 
