@@ -11,19 +11,23 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import kopf
 
 from joblease.controller import metrics
+from joblease.controller.pods import Delegator, PodView
 from joblease.controller.reconciler import LeaseView, Reconciler, observed_transition
 from joblease.domain.lease import Observed
 from joblease.kube.api import KubeApi
 from joblease.kube.leases import GROUP, PLURAL, VERSION, LeaseStore
+from joblease.kube.pods import LEASE_LABEL, PodInfo, PodStore
 
 log = logging.getLogger("joblease.operator")
 VIEW = LeaseView()
+PODS = PodView()
 
 
 def margin_from_env() -> timedelta:
@@ -40,19 +44,25 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     api = await asyncio.to_thread(KubeApi.from_kubeconfig, os.environ.get("KUBECONFIG"))
     error = await asyncio.to_thread(api.calibrate)
     log.info("server clock estimated to ±%.1f ms", error * 1000)
-    reconciler = Reconciler(LeaseStore(api), VIEW, margin_from_env() + timedelta(seconds=error))
+    margin = margin_from_env() + timedelta(seconds=error)
+    reconciler = Reconciler(LeaseStore(api), VIEW, margin)
+    delegator = Delegator(LeaseStore(api), PodStore(api), VIEW, PODS, margin)
     memo["reconciler"] = reconciler
-    memo["loop_task"] = asyncio.create_task(_loop(reconciler), name="joblease-reconcile")
+    memo["loop_task"] = asyncio.create_task(_loop(reconciler.pass_once),
+                                            name="joblease-reconcile")
+    memo["pods_task"] = asyncio.create_task(_loop(delegator.pass_once),
+                                            name="joblease-delegate")
 
 
 @kopf.on.cleanup()
 async def stop(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the loop task."""
-    task = memo.get("loop_task")
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    """Stop the loop tasks."""
+    for key in ("loop_task", "pods_task"):
+        task = memo.get(key)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -75,11 +85,24 @@ def on_lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
         reconciler.announce(obs, transition)  # renewals are too frequent to be Events
 
 
-async def _loop(reconciler: Reconciler) -> None:
+@kopf.on.event("", "v1", "pods", labels={LEASE_LABEL: kopf.PRESENT})
+def on_pod_event(event: kopf.RawEvent, **_: Any) -> None:
+    """Keep the view of pods that delegate a lease current (``joblease.controller.pods``)."""
+    body: dict[str, Any] = dict(event.get("object") or {})
+    if not body.get("metadata", {}).get("uid"):
+        return
+    pod = PodInfo.from_object(body)
+    if event.get("type") == "DELETED":
+        PODS.drop(pod)
+    else:
+        PODS.put(pod)
+
+
+async def _loop(pass_once: Callable[[], float]) -> None:
     while True:
         try:
-            wait = await asyncio.to_thread(reconciler.pass_once)
+            wait = await asyncio.to_thread(pass_once)
         except Exception:  # keep the loop alive; the next pass retries
-            log.exception("reconcile pass failed")
+            log.exception("pass %s failed", getattr(pass_once, "__qualname__", pass_once))
             wait = 1.0
         await asyncio.sleep(min(wait, 1.0))

@@ -50,6 +50,11 @@ class LeaseView:
             self._leases[key] = obs
             return previous
 
+    def get(self, namespace: str, name: str) -> Observed | None:
+        """The newest known version of one lease (None if never seen)."""
+        with self._lock:
+            return self._leases.get((namespace, name))
+
     def drop(self, namespace: str, name: str) -> None:
         """Forget a deleted lease."""
         with self._lock:

@@ -1,0 +1,210 @@
+"""Pod-delegated leases: the operator holds a JobLease on behalf of a labelled pod.
+
+A pod labelled ``joblease.dev/lease=<name>`` asks the operator to hold the JobLease
+``<name>`` in the pod's namespace for it. The pod needs no API credentials at all: it reads
+its token from a downward API volume (``joblease.downward``). For each lease:
+
+1. If no pod holds it, claim it for one eligible pod (Ready, not being deleted; the oldest
+   first, then by name) as holder ``pod:<namespace>/<name>/<uid>``.
+2. While the holder pod stays eligible, renew whenever a third of the duration has passed.
+3. When the holder pod is not Ready or is being deleted, stop renewing and let the lease
+   expire: its process may still be running, and its ``lease-until`` annotation must stay
+   true. Only when the pod object is gone (a real kubelet removes it after its containers
+   stopped) is the lease released at once, so the next pod need not wait.
+4. Mirror the token into annotations: the holder pod gets ``joblease.dev/holder``,
+   ``epoch``, ``generation`` and ``lease-until``; every other labelled pod gets none.
+
+Every lease write is the same compare-and-swap as everyone else's
+(``joblease.kube.transact``), decided by the pure protocol, so a worker that claims the
+lease directly, or a second operator replica, is refused in the usual way. Annotations can
+lag (the kubelet refreshes the file within about a minute): targets must still fence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+
+from joblease.controller.reconciler import LeaseView
+from joblease.domain.clock import ServerNow
+from joblease.domain.errors import LeaseError, format_time
+from joblease.domain.lease import (
+    Observed,
+    Phase,
+    Transition,
+    decide_claim,
+    decide_release,
+    decide_renew,
+    is_expired,
+)
+from joblease.kube.api import ApiError
+from joblease.kube.leases import LeaseStore
+from joblease.kube.pods import TOKEN_ANNOTATIONS, PodInfo, PodStore
+from joblease.kube.transact import ContentionError, transact
+
+log = logging.getLogger("joblease.operator.pods")
+HOLDER_PREFIX = "pod:"
+RENEW_FRACTION = 1 / 3
+IDLE_WAKEUP = 2.0
+SOON = 0.05
+
+Decide = Callable[[Observed, ServerNow], Transition | None]
+
+
+class PodView:
+    """Labelled pods seen on the watch, and the holders of pods seen deleted (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._pods: dict[tuple[str, str], PodInfo] = {}
+        self._gone: set[str] = set()
+        self._lock = threading.Lock()
+
+    def put(self, pod: PodInfo) -> None:
+        """Store the newest version of a pod (a pod that lost its label is forgotten)."""
+        with self._lock:
+            if pod.lease:
+                self._pods[(pod.namespace, pod.name)] = pod
+            else:
+                self._pods.pop((pod.namespace, pod.name), None)
+
+    def drop(self, pod: PodInfo) -> None:
+        """Forget a deleted pod; remember its holder identity as gone."""
+        with self._lock:
+            self._pods.pop((pod.namespace, pod.name), None)
+            self._gone.add(pod.holder)
+
+    def is_gone(self, holder: str) -> bool:
+        """Whether the pod behind ``holder`` was seen deleted."""
+        with self._lock:
+            return holder in self._gone
+
+    def forget_gone(self, holder: str) -> None:
+        """Stop remembering a deleted pod once its lease moved on."""
+        with self._lock:
+            self._gone.discard(holder)
+
+    def by_lease(self) -> dict[tuple[str, str], list[PodInfo]]:
+        """Pods grouped by (namespace, lease name)."""
+        with self._lock:
+            pods = list(self._pods.values())
+        groups: dict[tuple[str, str], list[PodInfo]] = {}
+        for pod in pods:
+            groups.setdefault((pod.namespace, pod.lease), []).append(pod)
+        return groups
+
+
+@dataclass
+class Delegator:
+    """Claims, renews and hands over pod-delegated leases; mirrors tokens into annotations."""
+
+    leases: LeaseStore
+    pods: PodStore
+    lease_view: LeaseView
+    pod_view: PodView
+    margin: timedelta
+
+    def pass_once(self) -> float:
+        """Visit every delegated lease once; return seconds until something may be due."""
+        wakeup = IDLE_WAKEUP
+        for (namespace, name), pods in self.pod_view.by_lease().items():
+            obs = self.lease_view.get(namespace, name)
+            if obs is None or not obs.has_status:
+                continue  # not created yet, or the reconciler initializes it first
+            try:
+                wakeup = min(wakeup, self._visit(obs, pods))
+            except (LeaseError, ContentionError, ApiError) as err:
+                log.info("delegated JobLease %s/%s: %s", namespace, name, err)
+        return max(SOON, wakeup)
+
+    def _visit(self, obs: Observed, pods: list[PodInfo]) -> float:
+        st = obs.status
+        holder = next((p for p in pods if p.holder == st.holder), None)
+        delegated = st.phase == Phase.HELD and (st.holder or "").startswith(HOLDER_PREFIX)
+        if delegated and holder is not None and holder.eligible:
+            obs, wait = self._renew_if_due(obs, holder)
+        elif delegated and self.pod_view.is_gone(st.holder or ""):
+            obs, wait = self._release(obs), SOON
+        elif st.phase.finished or self._held_unexpired(obs):
+            wait = self._seconds_until_expiry(obs)  # someone else's, or not Ready: wait
+        else:
+            obs, wait = self._claim(obs, pods)
+        self._mirror(obs, pods)
+        return wait
+
+    def _claim(self, obs: Observed, pods: list[PodInfo]) -> tuple[Observed, float]:
+        eligible = sorted((p for p in pods if p.eligible), key=lambda p: (p.created, p.name))
+        if not eligible:
+            return obs, IDLE_WAKEUP
+        holder, margin = eligible[0].holder, self.margin
+        obs = self._write(obs, lambda o, n: decide_claim(o, holder, n, margin))
+        if obs.status.holder:
+            self.pod_view.forget_gone(obs.status.holder)
+        return obs, self._seconds_until_renewal(obs)
+
+    def _renew_if_due(self, obs: Observed, pod: PodInfo) -> tuple[Observed, float]:
+        wait = self._seconds_until_renewal(obs)
+        if wait > 0:
+            return obs, wait
+        generation, margin = obs.status.generation, self.margin
+        obs = self._write(obs, lambda o, n: decide_renew(o, pod.holder, generation, n, margin))
+        return obs, self._seconds_until_renewal(obs)
+
+    def _release(self, obs: Observed) -> Observed:
+        holder, generation, margin = obs.status.holder or "", obs.status.generation, self.margin
+        obs = self._write(obs, lambda o, n: decide_release(o, holder, generation, n, margin))
+        self.pod_view.forget_gone(holder)
+        return obs
+
+    def _write(self, obs: Observed, decide: Decide) -> Observed:
+        outcome = transact(self.leases, obs.namespace, obs.name, decide, observed=obs)
+        if outcome.transition is not None:
+            self.lease_view.put(outcome.observed)
+            log.info("delegated JobLease %s/%s: %s", obs.namespace, obs.name,
+                     outcome.transition.message)
+        return outcome.observed
+
+    def _held_unexpired(self, obs: Observed) -> bool:
+        st = obs.status
+        return st.phase == Phase.HELD and not is_expired(
+            st.lease_until, self.leases.api.server_now(), self.margin)
+
+    def _seconds_until_renewal(self, obs: Observed) -> float:
+        st = obs.status
+        if st.lease_until is None or st.phase != Phase.HELD:
+            return IDLE_WAKEUP
+        renew_at = st.lease_until - obs.spec.duration * (1 - RENEW_FRACTION)
+        return (renew_at - self.leases.api.server_now().latest).total_seconds()
+
+    def _seconds_until_expiry(self, obs: Observed) -> float:
+        until = obs.status.lease_until
+        if until is None or obs.status.phase != Phase.HELD:
+            return IDLE_WAKEUP
+        due = until + self.margin - self.leases.api.server_now().earliest
+        return max(SOON, due.total_seconds())
+
+    def _mirror(self, obs: Observed, pods: list[PodInfo]) -> None:
+        for pod in pods:
+            wanted = token_annotations(obs, pod)
+            have = {k: pod.annotations.get(f"joblease.dev/{k}") for k in TOKEN_ANNOTATIONS}
+            if wanted != have and not pod.terminating:
+                self.pods.annotate(pod, wanted)
+                self.pod_view.put(_with_annotations(pod, wanted))
+
+
+def token_annotations(obs: Observed, pod: PodInfo) -> dict[str, str | None]:
+    """The token annotations ``pod`` should carry: its token if it holds ``obs``, else none."""
+    st = obs.status
+    if st.phase != Phase.HELD or st.holder != pod.holder:
+        return dict.fromkeys(TOKEN_ANNOTATIONS)
+    return {"holder": pod.holder, "epoch": str(st.epoch or 0), "generation": str(st.generation),
+            "lease-until": format_time(st.lease_until) if st.lease_until else None}
+
+
+def _with_annotations(pod: PodInfo, values: dict[str, str | None]) -> PodInfo:
+    annotations = {k: v for k, v in pod.annotations.items()
+                   if k.removeprefix("joblease.dev/") not in values}
+    annotations.update({f"joblease.dev/{k}": v for k, v in values.items() if v is not None})
+    return replace(pod, annotations=annotations)
