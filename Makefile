@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup binaries demo test unit lint bench soak clean-cache help
+.PHONY: setup binaries demo test unit lint bench soak clean-cache help sync-crds
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -44,6 +44,9 @@ soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 
 bench: binaries ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/python -m bench
+
+sync-crds: ## copy crds/*.yaml into the Helm chart (tests/unit/test_crd_drift.py checks it)
+	cp crds/*.yaml charts/joblease-operator/crds/
 
 clean-cache: ## remove the cluster binaries cache (~/.cache/joblease)
 	rm -rf $${JOBLEASE_CACHE_DIR:-$$HOME/.cache/joblease}

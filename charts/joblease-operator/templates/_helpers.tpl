@@ -1,0 +1,61 @@
+{{/* The chart name, overridable with nameOverride. */}}
+{{- define "joblease-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The full name: the prefix of every object, overridable with fullnameOverride. */}}
+{{- define "joblease-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "joblease-operator.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "joblease-operator.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* Labels on every object (app.kubernetes.io/*), without a component. */}}
+{{- define "joblease-operator.baseLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "joblease-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: joblease
+{{- end }}
+
+{{/* Labels of the operator's own objects. */}}
+{{- define "joblease-operator.labels" -}}
+{{ include "joblease-operator.baseLabels" . }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels that select the operator's pods (never change them after install). */}}
+{{- define "joblease-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "joblease-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "joblease-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "joblease-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The username the API server gives the operator (exempt from the admission policy). */}}
+{{- define "joblease-operator.username" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "joblease-operator.serviceAccountName" . }}
+{{- end }}
+
+{{/* The image reference: digest wins over tag; the tag defaults to appVersion. */}}
+{{- define "joblease-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
