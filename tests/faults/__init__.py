@@ -1,0 +1,1 @@
+"""Fault-injection suite: real worker processes, histories, two independent checkers."""

@@ -1,0 +1,5 @@
+module joblease.dev/tests/porcupine
+
+go 1.26
+
+require github.com/anishathalye/porcupine v1.3.1
