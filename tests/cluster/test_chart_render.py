@@ -1,0 +1,74 @@
+"""The chart as helm sees it: lint, schema, and what the templates render."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from kwok_support import CHART, helm
+
+
+def render(*sets: str) -> dict[str, dict[str, Any]]:
+    out = helm(None, "template", "jl", str(CHART), "-n", "joblease-system",
+               *[arg for s in sets for arg in ("--set", s)])
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    return {f"{d['kind']}/{d['metadata']['name']}": d for d in docs}
+
+
+def test_helm_lint_passes() -> None:
+    out = helm(None, "lint", str(CHART), "--strict")
+    assert "0 chart(s) failed" in out.stdout
+
+
+def test_default_render_has_every_part() -> None:
+    kinds = sorted(render())
+    assert kinds == sorted([
+        "ClusterRole/jl-joblease-operator", "ClusterRole/jl-joblease-operator-worker",
+        "ClusterRoleBinding/jl-joblease-operator", "Deployment/jl-joblease-operator",
+        "Service/jl-joblease-operator-metrics", "ServiceAccount/jl-joblease-operator",
+        "ValidatingAdmissionPolicy/jl-joblease-operator-holder-only",
+        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-holder-only"])
+
+
+def test_unknown_values_are_refused_by_the_schema() -> None:
+    out = helm(None, "template", "jl", str(CHART), "--set", "replicas=2", check=False)
+    assert out.returncode != 0
+    assert "additional properties 'replicas' not allowed" in out.stderr
+
+
+def test_deployment_is_restricted_and_probed() -> None:
+    deploy = render()["Deployment/jl-joblease-operator"]
+    pod = deploy["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False,
+                                            "readOnlyRootFilesystem": True,
+                                            "capabilities": {"drop": ["ALL"]}}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert container["readinessProbe"]["httpGet"]["path"] == "/healthz"
+    assert "--health-addr=0.0.0.0:8081" in container["args"]
+    assert "resources" not in container
+    assert pod["hostNetwork"] is False and "env" not in container
+
+
+def test_api_server_override_and_host_network() -> None:
+    objs = render("apiServerOverride.host=10.1.2.3", "apiServerOverride.port=6443",
+                  "hostNetwork=true")
+    pod = objs["Deployment/jl-joblease-operator"]["spec"]["template"]["spec"]
+    env = {e["name"]: e["value"] for e in pod["containers"][0]["env"]}
+    assert env == {"KUBERNETES_SERVICE_HOST": "10.1.2.3", "KUBERNETES_SERVICE_PORT": "6443"}
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+
+
+def test_policy_exempts_the_operators_service_account() -> None:
+    policy = render()["ValidatingAdmissionPolicy/jl-joblease-operator-holder-only"]
+    first = policy["spec"]["matchConditions"][0]["expression"]
+    assert first == ("request.userInfo.username != "
+                     "'system:serviceaccount:joblease-system:jl-joblease-operator'")
+
+
+def test_admission_and_worker_role_can_be_turned_off() -> None:
+    kinds = render("admission.enabled=false", "worker.createRole=false", "metrics.enabled=false")
+    assert not [k for k in kinds if "Admission" in k or k.endswith("-worker")
+                or k.startswith("Service/")]
