@@ -19,14 +19,14 @@ import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pykube
 import pytest
 import yaml
 
 from joblease.localcluster import build
-from joblease.localcluster.cluster import LocalCluster
+from joblease.localcluster.cluster import ClusterHandle, LocalCluster
 from joblease.localcluster.process import log_tail
 
 TESTS = Path(__file__).resolve().parent
@@ -38,24 +38,6 @@ MARK_BY_DIRECTORY = {"cluster": "cluster", "unit": "unit"}
 
 _CLUSTER_KEY = pytest.StashKey["ClusterHandle"]()
 _BUILD_ERROR_KEY = pytest.StashKey[Exception | None]()
-
-
-class ClusterHandle(Protocol):
-    """What tests may rely on, whichever cluster is behind it."""
-
-    kubeconfig: Path
-    server: str
-    logs: dict[str, Path]
-
-    def kubeconfig_for(self, user: str) -> Path:
-        """Return a kubeconfig holding only ``user`` (``admin``, ``alice``, ``bob``)."""
-
-    def rbac_subject(self, user: str) -> dict[str, str]:
-        """Return the RoleBinding subject for ``user``."""
-
-    def kubectl(self, *args: str, user: str = "admin", check: bool = False,
-                timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        """Run kubectl as ``user``."""
 
 
 class ExternalCluster:

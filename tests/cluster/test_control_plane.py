@@ -16,7 +16,7 @@ from typing import Any
 import pykube
 import pytest
 
-from conftest import ClusterHandle
+from joblease.localcluster.cluster import ClusterHandle
 
 GROUP = "proof.joblease.dev"
 VERSION = f"{GROUP}/v1"

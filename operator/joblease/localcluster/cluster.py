@@ -33,7 +33,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -56,6 +56,35 @@ class Identity:
     name: str
     token: str
     groups: tuple[str, ...]
+
+
+class ClusterHandle(Protocol):
+    """What tests may rely on, whichever cluster is behind it.
+
+    Implemented by :class:`LocalCluster` and by the test suite's handle for an existing
+    cluster (kind, via ``JOBLEASE_E2E_KUBECONFIG``), so tests are written once.
+    """
+
+    kubeconfig: Path
+    server: str
+    logs: dict[str, Path]
+
+    def kubeconfig_for(self, user: str) -> Path:
+        """Return a kubeconfig holding only ``user`` (``admin``, ``alice``, ``bob``)."""
+        ...
+
+    def username(self, user: str) -> str:
+        """Return the name RBAC knows ``user`` by."""
+        ...
+
+    def rbac_subject(self, user: str) -> dict[str, str]:
+        """Return the RoleBinding subject that grants ``user`` a role."""
+        ...
+
+    def kubectl(self, *args: str, user: str = ADMIN, check: bool = False,
+                timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run kubectl as ``user``."""
+        ...
 
 
 def _default_identities() -> dict[str, Identity]:
@@ -449,5 +478,5 @@ def stop_detached(state: dict[str, Any]) -> list[str]:
     return stopped
 
 
-__all__ = ["ADMIN", "CONTEXT", "ComponentStartError", "Identity", "LocalCluster",
+__all__ = ["ADMIN", "CONTEXT", "ClusterHandle", "ComponentStartError", "Identity", "LocalCluster",
            "kwok_stages_file", "stop_detached"]
