@@ -1,5 +1,6 @@
 """``helm install`` into a real control plane: the operator pod lands on a kwok node."""
 
+# ruff: noqa: F811  (pytest fixtures imported from kwok_support are redefined as arguments)
 from __future__ import annotations
 
 from kwok_support import (
@@ -16,8 +17,8 @@ from kwok_support import (
 from joblease.localcluster.cluster import LocalCluster
 
 
-def test_operator_pod_is_scheduled_on_a_kwok_node_and_runs(kwok_cluster: LocalCluster,  # noqa: F811
-                                                             release: str) -> None:  # noqa: F811
+def test_operator_pod_is_scheduled_on_a_kwok_node_and_runs(kwok_cluster: LocalCluster,
+                                                             release: str) -> None:
     selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/component=operator"
 
     def running() -> dict[str, object] | None:
@@ -32,8 +33,8 @@ def test_operator_pod_is_scheduled_on_a_kwok_node_and_runs(kwok_cluster: LocalCl
     assert ready["Ready"] == "True"
 
 
-def test_release_objects_exist_and_the_crd_is_served(kwok_cluster: LocalCluster,  # noqa: F811
-                                                     release: str) -> None:  # noqa: F811
+def test_release_objects_exist_and_the_crd_is_served(kwok_cluster: LocalCluster,
+                                                     release: str) -> None:
     listed = helm(kwok_cluster.kubeconfig, "list", "-n", RELEASE_NS, "-o", "json")
     assert '"status":"deployed"' in listed.stdout
     policy = kubectl_json(kwok_cluster, "get", "validatingadmissionpolicy",
@@ -45,7 +46,7 @@ def test_release_objects_exist_and_the_crd_is_served(kwok_cluster: LocalCluster,
     assert out.returncode == 0, out.stderr
 
 
-def test_uninstall_keeps_the_crd(kwok_cluster: LocalCluster) -> None:  # noqa: F811
+def test_uninstall_keeps_the_crd(kwok_cluster: LocalCluster) -> None:
     helm(kwok_cluster.kubeconfig, "install", "jl-extra", str(CHART), "-n", "jl-extra",
          "--create-namespace", "--set", "admission.enabled=false")
     helm(kwok_cluster.kubeconfig, "uninstall", "jl-extra", "-n", "jl-extra", "--wait")

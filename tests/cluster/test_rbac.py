@@ -5,6 +5,7 @@ projected token is. The whole lifecycle must work with the chart's rules — ini
 expire, TTL delete, Events — and anything outside them must be refused by the API server.
 """
 
+# ruff: noqa: F811  (pytest fixtures imported from kwok_support are redefined as arguments)
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ def _status(cluster: LocalCluster, ns: str, name: str) -> dict[str, object]:
 
 
 def test_lifecycle_works_under_the_service_account(
-        kwok_cluster: LocalCluster, kns: str, operator_as_sa: OperatorRun) -> None:  # noqa: F811
+        kwok_cluster: LocalCluster, kns: str, operator_as_sa: OperatorRun) -> None:
     bind_worker(kwok_cluster, kns, "alice")
     _lease(kwok_cluster, kns, "expires", leaseDurationSeconds=1)
     _lease(kwok_cluster, kns, "ttl", leaseDurationSeconds=30, ttlSecondsAfterFinished=1)
@@ -60,8 +61,8 @@ def test_lifecycle_works_under_the_service_account(
     assert "403" not in log and "Forbidden" not in log and "permissions" not in log, log
 
 
-def test_writes_outside_its_rules_are_denied(kwok_cluster: LocalCluster, kns: str,  # noqa: F811
-                                             release: str) -> None:  # noqa: F811
+def test_writes_outside_its_rules_are_denied(kwok_cluster: LocalCluster, kns: str,
+                                             release: str) -> None:
     kubeconfig = str(sa_kubeconfig(kwok_cluster, RELEASE_NS, OPERATOR_SA))
     _lease(kwok_cluster, kns, "job", leaseDurationSeconds=5)
 

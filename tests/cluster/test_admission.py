@@ -1,0 +1,102 @@
+"""The chart's holder-only ValidatingAdmissionPolicy, with two real identities.
+
+``alice`` and ``bob`` both hold the chart's worker role in the namespace, so RBAC lets
+either write any JobLease's status; only the policy stands between bob and alice's lease.
+bob's writes are built with the same protocol code the SDK uses (the protocol itself
+would accept them: bob presents alice's holder and generation), so the refusal seen is
+the API server's.
+"""
+
+# ruff: noqa: F811  (pytest fixtures imported from kwok_support are redefined as arguments)
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from kwok_support import (
+    apply,
+    bind_worker,
+    kns,  # noqa: F401  (fixture)
+    kwok_cluster,  # noqa: F401  (fixture)
+    release,  # noqa: F401  (fixture)
+    wait_for,
+)
+
+from joblease.domain.lease import decide_complete, decide_renew
+from joblease.kube.api import ForbiddenError
+from joblease.kube.transact import transact
+from joblease.localcluster.cluster import LocalCluster
+from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
+
+
+def _lease(cluster: LocalCluster, ns: str, name: str, seconds: int = 30) -> None:
+    out = apply(cluster, {"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
+                          "metadata": {"name": name, "namespace": ns},
+                          "spec": {"leaseDurationSeconds": seconds}})
+    assert out.returncode == 0, out.stderr
+
+
+def _policy_active(cluster: LocalCluster, ns: str) -> bool:
+    """A no-op status write by bob on an unheld lease is refused once the policy is live."""
+    out = cluster.kubectl("patch", "jl", "probe", "-n", ns, "--subresource=status",
+                          "--type=merge", "-p", json.dumps({"status": {"generation": 0}}),
+                          user="bob")
+    return out.returncode != 0 and "only the holder" in out.stderr
+
+
+@pytest.fixture
+def clients(kwok_cluster: LocalCluster, kns: str, release: str
+            ) -> dict[str, LeaseClient]:
+    bind_worker(kwok_cluster, kns, "alice", "bob")
+    _lease(kwok_cluster, kns, "probe")
+    wait_for(lambda: _policy_active(kwok_cluster, kns), 60, "the admission policy to be active",
+             poll=0.5)
+    return {u: LeaseClient(kns, kubeconfig=str(kwok_cluster.kubeconfig_for(u)))
+            for u in ("alice", "bob")}
+
+
+def _as(client: LeaseClient, name: str, decide: Callable[..., object]) -> None:
+    transact(client.store, client.namespace, name,
+             lambda obs, now: decide(obs, now))  # type: ignore[arg-type,return-value]
+
+
+def test_non_holder_cannot_renew_or_complete(kwok_cluster: LocalCluster, kns: str,
+                                             clients: dict[str, LeaseClient]) -> None:
+    alice, bob = clients["alice"], clients["bob"]
+    _lease(kwok_cluster, kns, "job")
+    lease = alice.claim("job", holder="alice")
+    gen, margin = lease.generation, DEFAULT_MARGIN
+    for decide in (lambda o, n: decide_renew(o, "alice", gen, n, margin),
+                   lambda o, n: decide_complete(o, "alice", gen, "stolen", n, margin)):
+        with pytest.raises(ForbiddenError) as denied:
+            _as(bob, "job", decide)
+        assert denied.value.status == 403
+        message = denied.value.message
+        assert "only the holder may renew, complete or release JobLease job" in message
+        assert "Held by alice at generation 1, and you are bob" in message
+    lease.renew()
+    lease.complete("done by the holder")
+    assert alice.get("job").status.completion is not None
+
+
+def test_claim_must_name_the_claimer(kwok_cluster: LocalCluster, kns: str,
+                                     clients: dict[str, LeaseClient]) -> None:
+    _lease(kwok_cluster, kns, "job")
+    with pytest.raises(ForbiddenError) as denied:
+        clients["bob"].claim("job", holder="alice")
+    assert "must record the claimer as holder: you are bob but wrote holder alice" in \
+        denied.value.message
+    assert clients["bob"].claim("job", holder="bob").generation == 1
+
+
+def test_takeover_after_expiry_raises_the_generation(kwok_cluster: LocalCluster,
+                                                     kns: str,
+                                                     clients: dict[str, LeaseClient]) -> None:
+    _lease(kwok_cluster, kns, "job", seconds=1)
+    first = clients["alice"].claim("job", holder="alice")
+    second = clients["bob"].wait_claim("job", holder="bob", timeout=10)
+    assert second.generation == first.generation + 1
+    margin = DEFAULT_MARGIN
+    with pytest.raises(ForbiddenError, match="Held by bob at generation 2, and you are alice"):
+        _as(clients["alice"], "job", lambda o, n: decide_renew(o, "bob", 2, n, margin))
