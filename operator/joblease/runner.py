@@ -83,6 +83,7 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
             code = child.wait()
         finally:
             forward()
+        holding.failed = code != 0
         if holding.error is None and code == 0:
             try:
                 holding.complete(f"exit 0: {' '.join(command)[:200]}")

@@ -36,6 +36,7 @@ class Holding:
         self.lost = threading.Event()
         self.error: LeaseLostError | None = None
         self.completed = False
+        self.failed = False  # set by the work to release as failed (an attempt) on exit
         self._stop = threading.Event()
         self._write_lock = threading.Lock()  # a renewal never races the completion
         self._interval = max(0.05, lease.remaining() * renew_fraction)
@@ -71,7 +72,7 @@ class Holding:
                  tb: TracebackType | None) -> None:
         self._stop.set()
         self._thread.join()
-        self._finish(failed=exc is not None)
+        self._finish(failed=exc is not None or self.failed)
 
     def _finish(self, failed: bool) -> None:
         if self.completed or self.error is not None:
@@ -131,7 +132,7 @@ class AsyncHolding(Holding):
             if self._task is not None:
                 self._task.uncancel()
             raise self.error from exc
-        await asyncio.to_thread(self._finish, exc is not None)
+        await asyncio.to_thread(self._finish, exc is not None or self.failed)
         return False
 
     async def complete_async(self, result: str = "") -> None:

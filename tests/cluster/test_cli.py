@@ -1,0 +1,110 @@
+"""The CLI and ``joblease run`` as real processes against the real API server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from joblease.sdk.client import LeaseClient
+
+JOBLEASE = [sys.executable, "-m", "joblease.cli"]
+
+
+def cli(cluster: Any, namespace: str, *args: str, user: str = "admin",
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_for(user))}
+    return subprocess.run([*JOBLEASE, args[0], "-n", namespace, *args[1:]], env=env, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def test_claim_renew_complete_and_documented_exit_codes(cluster: Any, leases: LeaseClient
+                                                         ) -> None:
+    ns = leases.namespace
+    leases.store.create(ns, "job", {"leaseDurationSeconds": 30})
+    first = cli(cluster, ns, "claim", "job", "--holder", "a", "-o", "json")
+    assert first.returncode == 0, first.stderr
+    token = json.loads(first.stdout)
+    assert token["generation"] == 1 and token["holder"] == "a"
+    held = cli(cluster, ns, "claim", "job", "--holder", "b")
+    assert held.returncode == 3
+    assert "held by 'a' at generation 1" in held.stderr
+    stale = cli(cluster, ns, "renew", "job", "--holder", "a", "--generation", "0")
+    assert stale.returncode == 4 and "current generation is 1" in stale.stderr
+    assert cli(cluster, ns, "renew", "job", "--holder", "a", "--generation", "1").returncode == 0
+    done = cli(cluster, ns, "complete", "job", "--holder", "a", "--generation", "1",
+               "--result", "ok")
+    assert done.returncode == 0, done.stderr
+    again = cli(cluster, ns, "claim", "job", "--holder", "b")
+    assert again.returncode == 3 and "Completed" in again.stderr
+    missing = cli(cluster, ns, "get", "nope")
+    assert missing.returncode == 5 and "nope" in missing.stderr
+    shown = cli(cluster, ns, "get", "job")
+    assert "phase Completed" in shown.stdout
+
+
+def test_run_completes_on_exit_zero_and_passes_the_token(cluster: Any, leases: LeaseClient,
+                                                         tmp_path: Path) -> None:
+    leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 5})
+    out = tmp_path / "env.txt"
+    script = f"echo $JOBLEASE_NAME $JOBLEASE_GENERATION $JOBLEASE_TOKEN > {out}"
+    result = cli(cluster, leases.namespace, "run", "--lease", "job", "--holder", "r", "--",
+                 "sh", "-c", script)
+    assert result.returncode == 0, result.stderr
+    name, generation, token = out.read_text().split()
+    assert (name, generation) == ("job", "1") and token.endswith("/1")
+    status = leases.get("job").status
+    assert status.phase.value == "Completed" and status.completion is not None
+
+
+def test_run_releases_as_failed_on_nonzero_exit(cluster: Any, leases: LeaseClient) -> None:
+    leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 5})
+    result = cli(cluster, leases.namespace, "run", "--lease", "job", "--holder", "r", "--",
+                 "sh", "-c", "exit 7")
+    assert result.returncode == 7
+    status = leases.get("job").status
+    assert status.phase.value == "Available" and status.attempts == 1
+
+
+def test_run_kills_its_command_when_the_lease_is_lost(cluster: Any, leases: LeaseClient,
+                                                      tmp_path: Path) -> None:
+    leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 2})
+    pidfile = tmp_path / "child.pid"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_for("admin"))}
+    runner = subprocess.Popen(
+        [*JOBLEASE, "run", "--lease", "job", "--holder", "runner", "--grace", "1",
+         "-n", leases.namespace, "--", "sh", "-c", f"echo $$ > {pidfile}; exec sleep 60"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert time.monotonic() < deadline, "command never started"
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        os.kill(runner.pid, signal.SIGSTOP)  # the runner (and its renewals) pause
+        time.sleep(2.8)
+        other = leases.claim("job", holder="other")
+        assert other.generation == 2
+        os.kill(runner.pid, signal.SIGCONT)
+        code = runner.wait(20)
+        stderr = runner.stderr.read() if runner.stderr else ""
+        assert code == 4, stderr
+        assert "lost" in stderr
+        with pytest.raises(ProcessLookupError):
+            for _ in range(50):
+                os.kill(child, 0)
+                time.sleep(0.1)
+    finally:
+        if runner.poll() is None:
+            os.kill(runner.pid, signal.SIGCONT)
+            runner.kill()
+            runner.wait(5)
+    status = leases.get("job").status
+    assert (status.holder, status.generation) == ("other", 2)

@@ -1,0 +1,137 @@
+"""The operator against the real API server: expiry, initialization, TTL, Events, no stray writes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from joblease import Phase
+from joblease.domain.lease import Observed
+from joblease.kube.api import NotFoundError
+from joblease.kube.leases import lease_path
+from joblease.sdk.client import LeaseClient
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def raw(leases: LeaseClient, name: str) -> dict[str, Any]:
+    return leases.api.request("GET", lease_path(leases.namespace, name)).body
+
+
+def test_operator_initializes_and_marks_expired_within_a_second(
+        leases: LeaseClient, start_operator: Callable[..., Any]) -> None:
+    op = start_operator()
+    leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 2})
+    obs: Observed = wait_for(lambda: (o := leases.get("job")).has_status and o, 10,
+                             "initial status")
+    assert obs.status.phase is Phase.AVAILABLE and obs.status.generation == 0
+    lease = leases.claim("job", holder="a")
+    assert lease.lease_until is not None
+    expired: Observed = wait_for(
+        lambda: (o := leases.get("job")).status.phase is Phase.EXPIRED and o, 6, "Expired")
+    lag = leases.api.server_now().latest - lease.lease_until
+    assert lag.total_seconds() < 1.5, f"marked Expired {lag} after leaseUntil"
+    assert (expired.status.holder, expired.status.generation, expired.status.attempts) == (
+        "a", 1, 1)
+    conditions = {c["type"]: c for c in expired.status.conditions}
+    assert conditions["Held"]["status"] == "False" and conditions["Held"]["reason"] == "Expired"
+    nxt = leases.claim("job", holder="b")
+    assert nxt.generation == 2
+    metrics = op.metrics()
+    assert metrics['joblease_operator_writes_total{kind="expired"}'] >= 1
+    assert metrics['joblease_operator_writes_total{kind="initialized"}'] >= 1
+
+
+def test_operator_writes_nothing_while_a_holder_renews(
+        leases: LeaseClient, start_operator: Callable[..., Any]) -> None:
+    op = start_operator()
+    leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 3})
+    wait_for(lambda: leases.get("job").has_status, 10, "initial status")
+    before = op.metrics()
+    lease = leases.claim("job", holder="a")
+    versions = [lease._observed.resource_version]  # type: ignore[union-attr]
+    for _ in range(20):
+        time.sleep(0.1)
+        lease.renew()  # a write from our cached version: any foreign write would 409 first
+        versions.append(lease._observed.resource_version)  # type: ignore[union-attr]
+    after = op.metrics()
+    writes = {k: after[k] - before.get(k, 0.0) for k in after
+              if k.startswith("joblease_operator_writes_total")}
+    assert all(v == 0 for v in writes.values()), writes
+    assert after.get("joblease_operator_conflicts_total", 0) == before.get(
+        "joblease_operator_conflicts_total", 0)
+    # every renewal's write was the very next version after our previous one: nobody else wrote
+    obj = raw(leases, "job")
+    assert obj["metadata"].get("annotations", {}) == {}
+    assert obj["metadata"].get("finalizers", []) == []
+    managers = {m["manager"] for m in obj["metadata"].get("managedFields", [])}
+    assert not any("kopf" in m for m in managers), managers
+    assert len(set(versions)) == 21
+    assert after['joblease_transitions_total{kind="renewed"}'] >= 15
+
+
+def test_ttl_deletes_finished_lease_and_events_tell_the_story(
+        leases: LeaseClient, start_operator: Callable[..., Any], cluster: Any) -> None:
+    start_operator()
+    leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 5,
+                                                  "ttlSecondsAfterFinished": 2})
+    wait_for(lambda: leases.get("job").has_status, 10, "initial status")
+    leases.claim("job", holder="a").complete("ok")
+
+    def gone() -> bool:
+        try:
+            leases.get("job")
+        except Exception as err:  # LeaseNotFoundError
+            return "not found" in str(err)
+        return False
+
+    wait_for(gone, 10, "TTL deletion")
+    events = cluster.kubectl("get", "events", "-n", leases.namespace, "-o",
+                             "jsonpath={range .items[*]}{.reason}{'\\n'}{end}", check=True)
+    reasons = set(events.stdout.split())
+    assert {"Created", "Claimed", "Completed"} <= reasons, reasons
+
+
+def test_two_operator_replicas_stay_correct(leases: LeaseClient,
+                                            start_operator: Callable[..., Any]) -> None:
+    ops = [start_operator(), start_operator()]
+    for i in range(5):
+        leases.store.create(leases.namespace, f"job-{i}", {"leaseDurationSeconds": 1})
+    wait_for(lambda: all(o.has_status for o in leases.store.list(leases.namespace)), 10,
+             "initial statuses")
+    held = [leases.claim(f"job-{i}", holder="a") for i in range(5)]
+    wait_for(lambda: all(o.status.phase is Phase.EXPIRED
+                         for o in leases.store.list(leases.namespace)), 8, "all Expired")
+    for obs in leases.store.list(leases.namespace):
+        assert obs.status.attempts == 1, "an expiry was counted twice"
+        assert obs.status.generation == 1
+    total = sum(op.metrics().get('joblease_operator_writes_total{kind="expired"}', 0.0)
+                for op in ops)
+    assert total == 5, f"{total} expiry writes for 5 leases: a duplicate slipped past CAS"
+    nxt = [leases.claim(f"job-{i}", holder="b") for i in range(5)]
+    assert [n.generation for n in nxt] == [2] * 5
+    assert held and all(n.token > h.token for n, h in zip(nxt, held, strict=True))
+
+
+def test_deleting_while_operator_runs_leaves_no_error(
+        leases: LeaseClient, start_operator: Callable[..., Any]) -> None:
+    op = start_operator()
+    leases.store.create(leases.namespace, "job", {})
+    wait_for(lambda: leases.get("job").has_status, 10, "initial status")
+    leases.api.request("DELETE", lease_path(leases.namespace, "job"))
+    with pytest.raises(NotFoundError):
+        leases.api.request("GET", lease_path(leases.namespace, "job"))
+    assert op.proc.poll() is None
+    time.sleep(1.0)  # a pass of the reconcile loop over the deleted lease
+    assert "Traceback" not in op.log.read_text()
