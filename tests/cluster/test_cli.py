@@ -21,8 +21,9 @@ JOBLEASE = [sys.executable, "-m", "joblease.cli"]
 def cli(cluster: Any, namespace: str, *args: str, user: str = "admin",
         timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_for(user))}
-    return subprocess.run([*JOBLEASE, args[0], "-n", namespace, *args[1:]], env=env, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    argv = [*JOBLEASE, args[0], "-n", namespace, *args[1:]]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
 
 
 def test_claim_renew_complete_and_documented_exit_codes(cluster: Any, leases: LeaseClient

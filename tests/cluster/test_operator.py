@@ -1,4 +1,4 @@
-"""The operator against the real API server: expiry, initialization, TTL, Events, no stray writes."""
+"""The operator on the real API server: expiry, initialization, TTL, Events, no stray writes."""
 
 from __future__ import annotations
 
