@@ -328,9 +328,9 @@ def run_pause(env: FaultEnv, rng: random.Random, seed: int, *, skew: str | None 
     with w.cleanup():
         w.spawn("hold", "a", lease, "--work", "60", "--write-every", "0.3",
                 "--probe-after-loss", skew=skew_a, broken=broken)
+        w.expect("a", "claimed")
         w.spawn("hold", "b", lease, "--work", str(rng.uniform(1.0, 2.0)),
                 "--claim-timeout", "40", skew=skew_b)
-        w.expect("a", "claimed")
         w.expect("a", "wrote")
         a = w.procs["a"]
         os.kill(a.pid, signal.SIGSTOP)
@@ -357,7 +357,7 @@ def run_delayed_write(env: FaultEnv, rng: random.Random, seed: int) -> RunReport
     notes: dict[str, Any] = {}
     with w.cleanup():
         delay = duration + rng.uniform(2.0, 3.0)
-        w.spawn("hold", "a", lease, "--work", "30", "--delay-write", f"{delay:.2f}")
+        w.spawn("hold", "a", lease, "--no-renew", "--delay-write", f"{delay:.2f}")
         w.expect("a", "claimed")
         w.spawn("hold", "b", lease, "--work", "1", "--write-every", "0.2",
                 "--claim-timeout", "30")

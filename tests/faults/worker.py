@@ -156,6 +156,8 @@ class Worker:
             say("gave-up")
             return 3
         say("claimed", generation=lease.generation, lease_until=ms(lease.lease_until))
+        if self.args.no_renew:
+            return self.one_shot(lease)
         holding = Holding(lease)
         ended = time.monotonic() + self.args.work
         with holding:
@@ -176,6 +178,21 @@ class Worker:
         if self.args.probe_after_loss:
             self.probe(lease)
         return 4
+
+    def one_shot(self, lease: Lease) -> int:
+        """No renewals: check once, write (perhaps held back), then try to complete."""
+        if not lease.valid():
+            say("lost", error="deadline")
+            return 4
+        ok = self.write(lease.token, "one shot")
+        say("wrote" if ok else "lost", ok=ok, error=None if ok else "refused by the target")
+        try:
+            self.held_op(lease, "complete", lambda: lease.complete("one shot"))
+        except Exception as err:
+            say("complete-refused", error=type(err).__name__)
+            return 4
+        say("completed", generation=lease.generation)
+        return 0
 
     def probe(self, lease: Lease) -> None:
         """Act like a stale process after the loss: each of these must be refused."""
@@ -246,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--claim-timeout", type=float, default=30.0)
     p.add_argument("--poll", type=float, default=0.2)
     p.add_argument("--probe-after-loss", action="store_true")
+    p.add_argument("--no-renew", action="store_true")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--start-ns", type=int, default=0)
     p.add_argument("--interval", type=float, default=2.0)
