@@ -46,7 +46,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     log.info("server clock estimated to ±%.1f ms", error * 1000)
     margin = margin_from_env() + timedelta(seconds=error)
     reconciler = Reconciler(LeaseStore(api), VIEW, margin)
-    delegator = Delegator(LeaseStore(api), PodStore(api), VIEW, PODS, margin)
+    delegator = Delegator(LeaseStore(api), PodStore(api), VIEW, PODS, margin,
+                          announce=reconciler.announce)
     memo["reconciler"] = reconciler
     memo["loop_task"] = asyncio.create_task(_loop(reconciler.pass_once),
                                             name="joblease-reconcile")

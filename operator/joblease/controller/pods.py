@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 
+from joblease.controller import metrics
 from joblease.controller.reconciler import LeaseView
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError, format_time
@@ -105,6 +106,7 @@ class Delegator:
     lease_view: LeaseView
     pod_view: PodView
     margin: timedelta
+    announce: Callable[[Observed, Transition], None] = lambda obs, transition: None
 
     def pass_once(self) -> float:
         """Visit every delegated lease once; return seconds until something may be due."""
@@ -161,7 +163,11 @@ class Delegator:
     def _write(self, obs: Observed, decide: Decide) -> Observed:
         outcome = transact(self.leases, obs.namespace, obs.name, decide, observed=obs)
         if outcome.transition is not None:
+            # The view now has this version, so the watch event will show no transition:
+            # count and announce it here, as the reconciler does for its own writes.
             self.lease_view.put(outcome.observed)
+            metrics.OPERATOR_WRITES.labels(outcome.transition.kind).inc()
+            self.announce(outcome.observed, outcome.transition)
             log.info("delegated JobLease %s/%s: %s", obs.namespace, obs.name,
                      outcome.transition.message)
         return outcome.observed
