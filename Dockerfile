@@ -1,0 +1,37 @@
+# syntax=docker/dockerfile:1.7
+# The joblease operator image (also usable for workers: it holds the SDK and the CLI).
+#
+# Not built on the development machine (it has no Docker engine); written to be correct by
+# reading and built by CI / e2e/run-kind.sh with BuildKit:
+#   docker build -t localhost/joblease-operator:dev .
+#
+# Pinned base: an exact Python patch release on an exact Debian release. For fully
+# repeatable builds also pin the digest your registry shows for it, e.g.
+#   --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:<digest>
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+# Only what the package needs: metadata, the pins, and the source. constraints.txt pins
+# every transitive dependency, the same pins the tests ran with.
+COPY pyproject.toml constraints.txt ./
+COPY operator/ ./operator/
+# setuptools/wheel pinned for the build itself; no build isolation so no unpinned fetch.
+RUN python -m venv /opt/joblease \
+ && /opt/joblease/bin/pip install setuptools==80.9.0 wheel==0.45.1 \
+ && /opt/joblease/bin/pip install --no-build-isolation -c constraints.txt '.[postgres]' \
+ && /opt/joblease/bin/pip uninstall -y setuptools wheel pip
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="joblease-operator" \
+      org.opencontainers.image.description="JobLease operator and worker SDK" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Read-only root filesystem in the chart: no bytecode writes, unbuffered logs.
+ENV PATH=/opt/joblease/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+COPY --from=build /opt/joblease /opt/joblease
+# 65532: the conventional "nonroot" uid/gid; the chart's securityContext expects it.
+USER 65532:65532
+EXPOSE 8080 8081
+ENTRYPOINT ["python", "-m", "joblease"]
+CMD ["--metrics-addr=0.0.0.0", "--health-addr=0.0.0.0:8081"]
