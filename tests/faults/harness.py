@@ -45,7 +45,10 @@ def faketime_env(skew: str | None) -> dict[str, str]:
         return {}
     if not FAKETIME_LIB.is_file():
         raise RuntimeError(f"libfaketime not found at {FAKETIME_LIB}: apt-get install faketime")
-    return {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": skew, "DONT_FAKE_MONOTONIC": "1"}
+    site = str(Path(__file__).resolve().parent / "faketime_site")
+    path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH", "")) if p)
+    return {"LD_PRELOAD": str(FAKETIME_LIB), "FAKETIME": skew, "DONT_FAKE_MONOTONIC": "1",
+            "PYTHONPATH": path}
 
 
 class Operator:
@@ -390,3 +393,69 @@ def run_race(env: FaultEnv, rng: random.Random, seed: int, procs: int = 50,
             proc.stdin.flush()
         notes["codes"] = w.wait_all(timeout=60 + rounds * interval)
     return judge(env, "race", seed, run_dir, faults=0, notes=notes)
+
+
+CRASH_COMPONENTS = ("operator", "kube-apiserver", "etcd")
+
+
+def run_crash(env: FaultEnv, rng: random.Random, seed: int, component: str,
+              leases: int = 2) -> RunReport:
+    """Holders work on ``leases`` jobs while ``component`` is killed (-9) and restarted.
+
+    Safety must hold throughout; afterwards the work resumes and every job completes once.
+    """
+    run_dir, base = new_run(env, f"crash-{component}", seed)
+    names = [f"{base}-{i}" for i in range(leases)]
+    for name in names:
+        create_lease(env, name, 3)
+    w = Workers(env, run_dir)
+    notes: dict[str, Any] = {"component": component}
+    with w.cleanup():
+        for i, name in enumerate(names):
+            w.spawn("hold", f"a{i}", name, "--work", f"{rng.uniform(2.0, 5.0):.2f}")
+        for i in range(leases):
+            w.expect(f"a{i}", "claimed")
+        for i, name in enumerate(names):
+            w.spawn("hold", f"b{i}", name, "--work", "1", "--claim-timeout", "90")
+        time.sleep(rng.uniform(0.5, 2.0))
+        began = time.monotonic()
+        if component == "operator":
+            env.operator.kill9()
+            time.sleep(rng.uniform(0.5, 3.0))
+            env.operator.start()
+        else:
+            env.cluster.restart(component, kill=True)
+        notes["down_seconds"] = round(time.monotonic() - began, 2)
+        for i, name in enumerate(names):
+            w.spawn("hold", f"c{i}", name, "--work", "0.5", "--claim-timeout", "90")
+        notes["codes"] = w.wait_all(timeout=150)
+    report = judge(env, f"crash-{component}", seed, run_dir, faults=1, notes=notes)
+    client = env.client()
+    report.notes["final"] = {n: retry(lambda n=n: client.get(n)).status.phase.value
+                             for n in names}
+    client.api.close()
+    return report
+
+
+KINDS = ("pause", "delayed-write", "race", "skew", "crash-operator", "crash-kube-apiserver",
+         "crash-etcd")
+
+
+def run_random(env: FaultEnv, rng: random.Random, seed: int, kind: str | None = None
+               ) -> RunReport:
+    """One randomized run: the kind and its parameters drawn from ``rng``."""
+    kind = kind or rng.choice(KINDS)
+    if kind == "pause":
+        return run_pause(env, rng, seed)
+    if kind == "delayed-write":
+        return run_delayed_write(env, rng, seed)
+    if kind == "race":
+        return run_race(env, rng, seed, procs=rng.randint(5, 12), rounds=rng.randint(2, 3))
+    if kind == "skew":
+        skew = rng.choice(SKEWS)
+        env.operator.restart(skew=skew)
+        try:
+            return run_pause(env, rng, seed, skew=skew, kind="skew")
+        finally:
+            env.operator.restart(skew=None)
+    return run_crash(env, rng, seed, kind.removeprefix("crash-"))

@@ -88,6 +88,7 @@ class Worker:
         self.conn = psycopg.connect(args.dsn, autocommit=True)
         self.fence = PostgresFence()
         self.writes = 0
+        self.finished = False
 
     # -- recorded operations ---------------------------------------------------------------
 
@@ -98,6 +99,7 @@ class Worker:
         except Exception as err:
             status, fields = classify(err)
             self.rec.complete(op, status, **fields)
+            self.finished = isinstance(err, LeaseFinishedError)
             return None
         self.rec.complete(op, OK, generation=lease.generation, epoch=lease.token.epoch,
                           lease_until=ms(lease.lease_until), holder=self.holder)
@@ -148,10 +150,13 @@ class Worker:
     def hold(self) -> int:
         deadline = time.monotonic() + self.args.claim_timeout
         lease = None
-        while lease is None and time.monotonic() < deadline:
+        while lease is None and time.monotonic() < deadline and not self.finished:
             lease = self.claim()
             if lease is None:
                 time.sleep(self.args.poll)
+        if lease is None and self.finished:
+            say("finished")
+            return 0
         if lease is None:
             say("gave-up")
             return 3

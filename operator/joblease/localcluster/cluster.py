@@ -24,11 +24,14 @@ RBAC denies them everything a test does not grant).
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import tempfile
+import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -321,6 +324,34 @@ class LocalCluster:
             shutil.rmtree(self._dir, ignore_errors=True)
         if errors:
             raise RuntimeError("could not stop: " + "; ".join(errors))
+
+    def restart(self, component: str, *, kill: bool = False) -> float:
+        """Stop one running component and start it again with the same command line.
+
+        Same ports, same data folder (etcd keeps its data), same log file (appended). With
+        ``kill=True`` the process gets SIGKILL (a crash) instead of SIGTERM. Returns once
+        the component's health check passes again, with the seconds it was down.
+
+        Raises:
+            KeyError: no such component was started.
+            ComponentStartError: it did not come back.
+
+        """
+        index = next((i for i, p in enumerate(self.processes) if p.name == component), None)
+        if index is None:
+            raise KeyError(f"no component {component!r}; started: "
+                           f"{', '.join(p.name for p in self.processes)}")
+        old = self.processes[index]
+        began = time.monotonic()
+        if kill and old.running() and old.pid is not None:
+            os.kill(old.pid, signal.SIGKILL)
+        old.stop()
+        new = ManagedProcess(old.name, old.argv, old.log_path, old.health, ports=old.ports,
+                             start_timeout=old.start_timeout, stop_timeout=old.stop_timeout,
+                             detach=old.detach, env=old.env)
+        self.processes[index] = new
+        new.start()
+        return time.monotonic() - began
 
     # -- components --------------------------------------------------------------------
 
