@@ -38,3 +38,9 @@ def fault_env(cluster: object, namespace: str, faults_postgres: str,
         yield FaultEnv(cluster, namespace, faults_postgres, operator, tmp_path)
     finally:
         operator.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from .harness import SESSION
+    if SESSION.per_kind:
+        terminalreporter.write_line("faults " + SESSION.line())

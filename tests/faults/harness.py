@@ -165,6 +165,10 @@ class Summary:
         return "summary " + " ".join(parts)
 
 
+SESSION = Summary()
+"""Every run judged in this process (the pytest session prints its line at the end)."""
+
+
 def _fmt(prefix: str, row: list[int]) -> str:
     return (f"{prefix}runs={row[0]} operations={row[1]} faults={row[2]} "
             f"violations(ours)={row[3]} violations(porcupine)={row[4]}")
@@ -179,6 +183,7 @@ def judge(env: FaultEnv, kind: str, seed: int, run_dir: Path, faults: int,
     html = ARTIFACTS / "porcupine" / f"{run_dir.name}.html"
     result = porcupine.check_file(merged, html)
     report = RunReport(kind, seed, len(ops), faults, check(ops), result, run_dir, notes or {})
+    SESSION.add(report)
     if report.ours or report.porcupine.violation:
         keep = env.artifacts / run_dir.name
         shutil.copytree(run_dir / "history", keep / "history", dirs_exist_ok=True)
