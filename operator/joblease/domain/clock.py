@@ -14,10 +14,29 @@ just after the server's second ticks over, the interval shrinks to about one rou
 (milliseconds on loopback). Between observations the interval widens by the assumed
 maximum rate difference between the two clocks (``drift``, default 100 ppm).
 
-If a new observation does not intersect the current interval, the server's clock moved
-(an NTP step, or in an HA control plane a different server with a different clock): the
-estimate restarts from the new observation and ``jumps`` counts it. Such a jump can only
-make expiry *timing* wrong; fencing never depends on this estimate.
+Several servers (an HA control plane behind a load balancer)
+------------------------------------------------------------
+Responses through a TCP load balancer do not say which server answered, so successive
+``Date`` headers may come from clocks that disagree. The model (``docs/ha.md``):
+
+* **Assumption:** every API server's clock is within ``max_skew`` seconds of every other
+  one (configured: ``JOBLEASE_MAX_SERVER_SKEW``; 0 means "one clock").
+* Observations that agree with each other form a *track* (one server's clock, or several
+  servers that agree to within the resolution). An observation that intersects no track
+  starts a new one. If it lies within ``max_skew`` of the nearest track it is counted in
+  ``switches`` (another server, as assumed); otherwise in ``jumps`` (a clock step, or the
+  assumption is broken).
+* :meth:`ServerClock.now` returns the *hull* of every track seen in the last ``track_ttl``
+  seconds, widened by ``max_skew`` on each side for the servers not observed yet. So the
+  interval contains every server's time when the assumption holds, and contains every
+  clock this client has *seen* even when it does not: a broken assumption makes the error
+  bound (and so the margin) large, which ends leases early and delays takeovers, instead
+  of silently trusting whichever server answered last.
+* With ``track_ttl == 0`` (the default of this pure class) an observation that intersects
+  no track drops the old ones: the estimate restarts from the new observation, as a single
+  server's NTP step calls for.
+
+A wrong estimate can only make expiry *timing* wrong; fencing never depends on it.
 
 Everything here is pure: callers pass monotonic readings in.
 """
@@ -53,27 +72,56 @@ class ServerNow:
         return cls(when, when)
 
 
+MAX_TRACKS = 8  # more distinct clocks than this in ``track_ttl`` is itself a broken setup
+
+
+@dataclass
+class _Track:
+    """One clock's offset interval, as of local monotonic ``anchor`` (its last observation)."""
+
+    low: float
+    high: float
+    anchor: float
+
+
 @dataclass
 class ServerClock:
     """Tracks the interval that contains ``server_time - local_monotonic``.
 
     Attributes:
         drift: Assumed maximum relative rate difference between the clocks.
-        jumps: How many times an observation contradicted the estimate (clock stepped).
+        max_skew: Assumed maximum difference between any two API servers' clocks, seconds.
+        track_ttl: How long (seconds) a clock not observed again still counts in the hull.
+        jumps: Observations that contradicted every known clock by more than ``max_skew``
+            (a clock step, or servers disagreeing beyond the assumption).
+        switches: Observations from another clock within ``max_skew`` (as assumed).
+        max_gap: The largest disagreement (seconds) seen between an observation and the
+            nearest known clock; compare it with ``max_skew`` to size the setting.
         observations: How many responses have been folded in.
     """
 
     drift: float = DEFAULT_DRIFT
+    max_skew: float = 0.0
+    track_ttl: float = 0.0
     jumps: int = 0
+    switches: int = 0
+    max_gap: float = 0.0
     observations: int = 0
-    _low: float | None = field(default=None, repr=False)
-    _high: float | None = field(default=None, repr=False)
-    _anchor: float = field(default=0.0, repr=False)
+    _tracks: list[_Track] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_skew < 0 or self.track_ttl < 0 or self.drift < 0:
+            raise ValueError("drift, max_skew and track_ttl must be >= 0")
 
     @property
     def known(self) -> bool:
         """Whether at least one response has been observed."""
-        return self._low is not None
+        return bool(self._tracks)
+
+    @property
+    def tracks(self) -> int:
+        """How many distinct clocks are currently remembered."""
+        return len(self._tracks)
 
     def observe(self, sent: float, received: float, server_seconds: int) -> None:
         """Fold in one response.
@@ -88,16 +136,23 @@ class ServerClock:
         new_low = server_seconds - received
         new_high = server_seconds + 1 - sent
         self.observations += 1
-        if self._low is None or self._high is None:
-            self._set(new_low, new_high, received)
-            return
-        low, high = self._widened(received)
-        low, high = max(low, new_low), min(high, new_high)
-        if low > high:
-            self.jumps += 1
-            self._set(new_low, new_high, received)
-        else:
-            self._set(low, high, received)
+        for i, track in enumerate(self._tracks):  # most recently seen first
+            low, high = self._widened(track, received)
+            low, high = max(low, new_low), min(high, new_high)
+            if low <= high:
+                del self._tracks[i]
+                self._tracks.insert(0, _Track(low, high, received))
+                self._forget(received)
+                return
+        if self._tracks:
+            gap = min(self._gap(t, received, new_low, new_high) for t in self._tracks)
+            self.max_gap = max(self.max_gap, gap)
+            if gap <= self.max_skew:
+                self.switches += 1
+            else:
+                self.jumps += 1
+        self._tracks.insert(0, _Track(new_low, new_high, received))
+        self._forget(received, keep_first_only=self.track_ttl == 0)
 
     def now(self, monotonic: float) -> ServerNow:
         """Return the interval that contains the server's time at ``monotonic``.
@@ -105,9 +160,11 @@ class ServerClock:
         Raises:
             RuntimeError: nothing has been observed yet (callers must talk to the server first).
         """
-        if self._low is None:
+        if not self._tracks:
             raise RuntimeError("the server clock is unknown until a response has been observed")
-        low, high = self._widened(monotonic)
+        widened = [self._widened(t, monotonic) for t in self._live(monotonic)]
+        low = min(w[0] for w in widened) - self.max_skew
+        high = max(w[1] for w in widened) + self.max_skew
         return ServerNow(_to_datetime(monotonic + low), _to_datetime(monotonic + high))
 
     def error_bound(self, monotonic: float) -> timedelta:
@@ -118,19 +175,32 @@ class ServerClock:
         """Return the *earliest* local monotonic instant at which the server may reach ``when``.
 
         The holder uses this to stop on time: it must assume the server reaches a lease's
-        end as early as the estimate allows.
+        end as early as the estimate allows, so the fastest remembered clock (plus the
+        allowance for unobserved servers) decides.
         """
-        if self._high is None:
+        if not self._tracks:
             raise RuntimeError("the server clock is unknown until a response has been observed")
-        return when.timestamp() - self._high
+        return when.timestamp() - (max(t.high for t in self._tracks) + self.max_skew)
 
-    def _widened(self, monotonic: float) -> tuple[float, float]:
-        assert self._low is not None and self._high is not None
-        spread = self.drift * abs(monotonic - self._anchor)
-        return self._low - spread, self._high + spread
+    def _live(self, monotonic: float) -> list[_Track]:
+        # The most recently seen clock always counts; others while seen within track_ttl.
+        return [t for i, t in enumerate(self._tracks)
+                if i == 0 or t.anchor >= monotonic - self.track_ttl]
 
-    def _set(self, low: float, high: float, anchor: float) -> None:
-        self._low, self._high, self._anchor = low, high, anchor
+    def _forget(self, at: float, keep_first_only: bool = False) -> None:
+        if keep_first_only:
+            del self._tracks[1:]
+            return
+        self._tracks[:] = [t for i, t in enumerate(self._tracks)
+                           if i == 0 or t.anchor >= at - self.track_ttl][:MAX_TRACKS]
+
+    def _gap(self, track: _Track, at: float, low: float, high: float) -> float:
+        t_low, t_high = self._widened(track, at)
+        return max(low - t_high, t_low - high, 0.0)
+
+    def _widened(self, track: _Track, monotonic: float) -> tuple[float, float]:
+        spread = self.drift * abs(monotonic - track.anchor)
+        return track.low - spread, track.high + spread
 
 
 def _to_datetime(unix_seconds: float) -> datetime:

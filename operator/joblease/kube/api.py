@@ -14,10 +14,13 @@ server's own message, so callers never parse HTTP.
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -30,6 +33,40 @@ from joblease.domain.clock import ServerClock, ServerNow
 
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_TIMEOUT = 10.0
+MAX_SERVER_SKEW_ENV = "JOBLEASE_MAX_SERVER_SKEW"
+CLOCK_TRACK_TTL_ENV = "JOBLEASE_CLOCK_TRACK_TTL"
+DEFAULT_TRACK_TTL = 60.0
+
+log = logging.getLogger(__name__)
+
+
+def clock_from_env(environ: dict[str, str] | None = None) -> ServerClock:
+    """Build the server-clock estimate from the environment (``docs/ha.md``).
+
+    ``JOBLEASE_MAX_SERVER_SKEW`` (seconds, default 0): the assumed maximum difference between
+    any two API servers' clocks; it is added to every error bound, hence to every margin.
+    ``JOBLEASE_CLOCK_TRACK_TTL`` (seconds, default 60): how long a clock that disagreed
+    with the others keeps widening the estimate after it was last seen. Why a default
+    above zero: after an unexplained disagreement the safe reading is "either may be
+    right" for a while, not "the last response is right".
+
+    Raises:
+        ValueError: a value is not a number >= 0 (a typo must not silently mean 0).
+    """
+    env = os.environ if environ is None else environ
+
+    def seconds(name: str, default: float) -> float:
+        raw = env.get(name, "").strip()
+        try:
+            value = float(raw) if raw else default
+        except ValueError:
+            raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+        if value < 0:
+            raise ValueError(f"{name}={raw!r} must be >= 0")
+        return value
+
+    return ServerClock(max_skew=seconds(MAX_SERVER_SKEW_ENV, 0.0),
+                       track_ttl=seconds(CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL))
 
 
 class ApiError(Exception):
@@ -81,14 +118,14 @@ class KubeApi:
 
     Args:
         api_client: A configured ``kubernetes.client.ApiClient``.
-        clock: The server-clock estimate to feed (a fresh one by default).
+        clock: The server-clock estimate to feed (default: :func:`clock_from_env`).
         monotonic: The local monotonic clock (injected for tests).
     """
 
     def __init__(self, api_client: k8s_client.ApiClient, clock: ServerClock | None = None,
                  monotonic: Any = time.monotonic) -> None:
         self._client = api_client
-        self.clock = clock or ServerClock()
+        self.clock = clock or clock_from_env()
         self._monotonic = monotonic
         self._lock = threading.Lock()
 
@@ -134,14 +171,17 @@ class KubeApi:
         """
         deadline = self.monotonic() + max_seconds
         self.request("GET", "/version")
+        # The configured inter-server allowance (docs/ha.md) is not something sampling can
+        # narrow: judge the sampled interval without it.
+        skew = timedelta(seconds=self.clock.max_skew)
         while self.monotonic() < deadline:
             now = self.server_now()
-            if now.error.total_seconds() <= target_error:
+            if (now.error - skew).total_seconds() <= target_error:
                 break
             # the next second boundary after the earliest possible server time: if the
             # interval already straddles it, poll now; otherwise sleep until it may come
-            boundary = math.floor(now.earliest.timestamp()) + 1
-            wait = boundary - now.latest.timestamp() - target_error
+            boundary = math.floor((now.earliest + skew).timestamp()) + 1
+            wait = boundary - (now.latest - skew).timestamp() - target_error
             time.sleep(min(max(0.0, wait), max(0.0, deadline - self.monotonic())))
             time.sleep(target_error / 2)
             self.request("GET", "/version")
@@ -183,7 +223,16 @@ class KubeApi:
         except (TypeError, ValueError):
             return
         with self._lock:
+            jumps = self.clock.jumps
             self.clock.observe(sent, received, server_seconds)
+            if self.clock.jumps != jumps:
+                log.warning(
+                    "the API server's clock (Date: %s) disagrees with earlier responses by "
+                    "%.1fs, more than %s=%.1fs: a clock stepped, or the API servers' clocks "
+                    "differ beyond the assumption; expiry judgments stay conservative for "
+                    "%.0fs (leases end early, takeovers wait). See docs/ha.md.",
+                    header, self.clock.max_gap, MAX_SERVER_SKEW_ENV, self.clock.max_skew,
+                    self.clock.track_ttl)
 
 
 def _decode(data: bytes | None) -> dict[str, Any]:

@@ -46,13 +46,20 @@ class LeaseClient:
         api: A ``KubeApi``; by default built from ``kubeconfig``/``context`` (or in-cluster).
         margin: Safety margin added to the server-clock error bound; see ``joblease.domain.lease``.
         calibrate: Narrow the server-clock estimate to milliseconds on first use (about 1 s).
+        max_server_skew: The assumed maximum difference between API servers' clocks in an
+            HA control plane (overrides ``JOBLEASE_MAX_SERVER_SKEW``; see ``docs/ha.md``).
+            It widens the error bound, hence the margin, on both the holder's and the
+            claimer's side.
     """
 
     def __init__(self, namespace: str = "default", *, api: KubeApi | None = None,
                  kubeconfig: str | None = None, context: str | None = None,
-                 margin: timedelta = DEFAULT_MARGIN, calibrate: bool = True) -> None:
+                 margin: timedelta = DEFAULT_MARGIN, calibrate: bool = True,
+                 max_server_skew: timedelta | None = None) -> None:
         self.namespace = namespace
         self.api = api or KubeApi.from_kubeconfig(kubeconfig, context)
+        if max_server_skew is not None:
+            self.api.clock.max_skew = max_server_skew.total_seconds()
         self.store = LeaseStore(self.api)
         self.base_margin = margin
         self._calibrate = calibrate
