@@ -36,6 +36,15 @@ KUBERNETES_VERSION = "v1.37.2"
 ETCD_VERSION = "v3.6.16"
 KWOK_VERSION = "v0.8.0"
 HELM_VERSION = "v4.3.2"
+CONTAINERD_VERSION = "v2.4.2"
+BUILDKIT_VERSION = "v0.34.2"
+
+# The real node's runtime: built together from one module, cached in one folder.
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
+# BuildKit's daemon and client, built from a consumer module (see _build_buildkit).
+BUILDKIT_COMMANDS = ("buildkitd", "buildctl")
+# Everything a real node needs on top of the control plane.
+NODE = ("kubelet", *CONTAINERD_COMMANDS)
 
 # Commands of k8s.io/kubernetes we build, and the upstream file holding their main.
 KUBE_COMMANDS: dict[str, str] = {
@@ -83,6 +92,10 @@ def bin_dir_for(component: str) -> Path:
         return cache_dir() / "bin" / f"kwok-{KWOK_VERSION}"
     if component == "helm":
         return cache_dir() / "bin" / f"helm-{HELM_VERSION}"
+    if component in CONTAINERD_COMMANDS:
+        return cache_dir() / "bin" / f"containerd-{CONTAINERD_VERSION}"
+    if component in BUILDKIT_COMMANDS:
+        return cache_dir() / "bin" / f"buildkit-{BUILDKIT_VERSION}"
     return cache_dir() / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
 
 
@@ -211,6 +224,10 @@ def _build_missing(missing: list[str], found: dict[str, Path], progress: Progres
                          ("helm", f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}")):
         if tool in missing:
             found[tool] = _go_install(tool, module, progress)
+    if any(m in CONTAINERD_COMMANDS for m in missing):
+        found.update(_build_containerd(progress))
+    if any(m in BUILDKIT_COMMANDS for m in missing):
+        found.update(_build_buildkit(progress))
     unknown = set(missing) - set(found)
     if unknown:
         raise BuildError(f"do not know how to build: {', '.join(sorted(unknown))}")
@@ -317,6 +334,59 @@ def _go_install(tool: str, module: str, progress: Progress) -> Path:
         (staging / tool).rename(out / tool)
         staging.rmdir()
     return out / tool
+
+
+def _build_containerd(progress: Progress) -> dict[str, Path]:
+    """Build containerd, its runc shim and ctr with one ``go install`` (one module, one cache).
+
+    The three must come from the same release: the shim's ttrpc API and ctr's client
+    follow containerd's. runc itself is *not* built here: the module's runc lacks seccomp
+    without cgo + libseccomp, so the node uses Debian's ``runc`` package instead.
+    """
+    out = bin_dir_for("containerd")
+    out.mkdir(parents=True, exist_ok=True)
+    staging = out / ".containerd.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    module = "github.com/containerd/containerd/v2/cmd"
+    packages = [f"{module}/{name}@{CONTAINERD_VERSION}" for name in CONTAINERD_COMMANDS]
+    with progress.step(f"building containerd {CONTAINERD_VERSION} (+ shim, ctr)"):
+        _run(["go", "install", "-trimpath", "-ldflags",
+              f"-s -w -X github.com/containerd/containerd/v2/version.Version={CONTAINERD_VERSION}",
+              *packages], out, "go install containerd", env={"GOBIN": str(staging)})
+        for name in CONTAINERD_COMMANDS:
+            (staging / name).rename(out / name)
+        staging.rmdir()
+    return {name: out / name for name in CONTAINERD_COMMANDS}
+
+
+def _build_buildkit(progress: Progress) -> dict[str, Path]:
+    """Build buildkitd and buildctl from a consumer module requiring moby/buildkit.
+
+    ``go install github.com/moby/buildkit/cmd/buildkitd@VERSION`` is refused because
+    BuildKit's go.mod has ``exclude`` directives; a module of our own that requires it
+    resolves the same versions and builds both commands.
+    """
+    src = cache_dir() / "src" / f"buildkit-{BUILDKIT_VERSION}"
+    src.mkdir(parents=True, exist_ok=True)
+    out = bin_dir_for("buildkitd")
+    out.mkdir(parents=True, exist_ok=True)
+    pkg = "github.com/moby/buildkit"
+    with progress.step(f"building buildkitd + buildctl {BUILDKIT_VERSION}"):
+        if not (src / "go.mod").exists():
+            _run(["go", "mod", "init", "joblease.dev/buildkitbins"], src, "go mod init (buildkit)")
+        # A blank import of both commands' packages keeps `go mod tidy` from dropping them.
+        (src / "tools.go").write_text(
+            "//go:build tools\n\npackage tools\n\nimport (\n"
+            f'\t_ "{pkg}/cmd/buildctl"\n\t_ "{pkg}/cmd/buildkitd"\n)\n')
+        _run(["go", "get", f"{pkg}@{BUILDKIT_VERSION}"], src, "go get buildkit")
+        _run(["go", "mod", "tidy"], src, "go mod tidy (buildkit)")
+        ldflags = f"-s -w -X {pkg}/version.Version={BUILDKIT_VERSION}"
+        for name in BUILDKIT_COMMANDS:
+            tmp = out / f".{name}.tmp"
+            _run(["go", "build", "-trimpath", "-ldflags", ldflags, "-o", str(tmp),
+                  f"{pkg}/cmd/{name}"], src, f"go build {name}")
+            tmp.rename(out / name)
+    return {name: out / name for name in BUILDKIT_COMMANDS}
 
 
 def main(argv: list[str] | None = None) -> int:

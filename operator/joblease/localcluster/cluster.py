@@ -398,7 +398,10 @@ class LocalCluster:
                 f"--service-account-key-file={c.service_accounts.cert}",
                 f"--service-account-signing-key-file={c.service_accounts.key}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                "--authorization-mode=RBAC", "--allow-privileged=true",
+                # Node authorizer + NodeRestriction: a kubelet (RealNode, node.py) acts
+                # as system:node:<name> and may touch only its own Node and pods.
+                "--authorization-mode=Node,RBAC", "--enable-admission-plugins=NodeRestriction",
+                "--allow-privileged=true",
                 "--kubelet-preferred-address-types=Hostname,InternalIP",
                 f"--kubelet-client-certificate={c.kubelet_client.cert}",
                 f"--kubelet-client-key={c.kubelet_client.key}"]
