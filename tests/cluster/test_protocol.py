@@ -221,3 +221,19 @@ def test_samples_apply_and_default_the_duration(cluster: object, jl_crd: str, na
     printed = cluster.kubectl("get", "jl", "-n", namespace)  # type: ignore[attr-defined]
     assert "HOLDER" in printed.stdout and "GENERATION" in printed.stdout
     assert "sample-worker" in printed.stdout
+
+
+def test_claim_from_a_stale_observation_is_still_exact(make_client: Callable[..., LeaseClient]
+                                                       ) -> None:
+    a, b = make_client(), make_client()
+    a.store.create(a.namespace, "job", {"leaseDurationSeconds": 30})
+    stale = a.get("job")
+    b.claim("job", holder="b").release()  # the object moves on: generation 1, new version
+    lease = a.claim("job", holder="a", observed=stale)  # 409 → fresh read → decide again
+    assert lease.generation == 2
+    held_view = a.get("job")
+    lease.release()
+    b.claim("job", holder="b")  # generation 3, held
+    fresh_refusal = "held by 'b' at generation 3"
+    with pytest.raises(LeaseHeldError, match=fresh_refusal):
+        a.claim("job", holder="a", observed=held_view)

@@ -76,8 +76,14 @@ class LeaseClient:
         """Read a JobLease."""
         return self.store.get(self.namespace, name)
 
-    def claim(self, name: str, holder: str | None = None) -> Lease:
+    def claim(self, name: str, holder: str | None = None, *,
+              observed: Observed | None = None) -> Lease:
         """Claim ``name`` for ``holder`` once; raise if someone else holds it.
+
+        ``observed`` is an optional recent version of the JobLease (from ``get``, a list or
+        a watch). Deciding from it saves the read; it is safe even when stale, because the
+        write is conditional on its resourceVersion: a 409 sends the claim back to a fresh
+        read, and a refusal decided from it is confirmed from a fresh read.
 
         Raises:
             LeaseHeldError: held by someone else and not expired (names holder, generation, end).
@@ -87,7 +93,8 @@ class LeaseClient:
         who = holder or default_holder()
         margin = self.margin()
         outcome = transact(self.store, self.namespace, name,
-                           lambda obs, now: decide_claim(obs, who, now, margin))
+                           lambda obs, now: decide_claim(obs, who, now, margin),
+                           observed=observed)
         if outcome.transition is not None and outcome.transition.kind == "failed":
             raise _failed(outcome)
         return Lease(self, who, outcome)
