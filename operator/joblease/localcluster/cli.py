@@ -68,7 +68,14 @@ def cmd_up(args: argparse.Namespace) -> int:
                         f"run `joblease local-cluster down --name {name}` first")
         stop_detached(state)  # stale: processes gone (e.g. reboot); clear its folder
         shutil.rmtree(state_dir(name), ignore_errors=True)
-    cluster = LocalCluster(kwok=args.kwok, name=_context_for(name), detach=True)
+    cluster: LocalCluster
+    if args.apiservers > 1 or args.etcd_members > 1:
+        from joblease.localcluster.ha import HACluster
+
+        cluster = HACluster(apiservers=args.apiservers, etcd_members=args.etcd_members,
+                            kwok=args.kwok, name=_context_for(name), detach=True)
+    else:
+        cluster = LocalCluster(kwok=args.kwok, name=_context_for(name), detach=True)
     try:
         cluster.start()
     except (build.BuildError, CertError, ComponentStartError) as err:
@@ -135,6 +142,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         if verb == "up":
             sub.add_argument("--kwok", action="store_true",
                              help="also start kwok (simulated nodes and pods)")
+            sub.add_argument("--apiservers", type=int, default=1,
+                             help="kube-apiservers behind a loopback load balancer (HA mode)")
+            sub.add_argument("--etcd-members", type=int, default=1,
+                             help="etcd members in one raft cluster (odd; HA mode)")
         sub.set_defaults(func=func)
 
 
