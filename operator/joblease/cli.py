@@ -61,7 +61,9 @@ def _register_lease_commands(sub: Any) -> None:
     claim = sub.add_parser("claim", help="claim a JobLease; prints its token")
     _common(claim)
     claim.add_argument("name")
-    claim.add_argument("--holder", default=None, help="default: HOSTNAME-PID")
+    claim.add_argument("--holder", default=None,
+                       help="default: $JOBLEASE_HOLDER or HOSTNAME-PID; '@identity' = your "
+                            "Kubernetes username (needed under the holder-only policy)")
     claim.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                        help="wait up to SECONDS while someone else holds it")
     claim.set_defaults(func=_cmd_claim)
@@ -83,7 +85,7 @@ def _register_lease_commands(sub: Any) -> None:
                          "while it runs, stop it if the lease is lost; complete on exit 0.")
     _common(run)
     run.add_argument("--lease", required=True, help="the JobLease (job id)")
-    run.add_argument("--holder", default=None)
+    run.add_argument("--holder", default=None, help="as for claim ('@identity' allowed)")
     run.add_argument("--wait", type=float, default=0.0, metavar="SECONDS")
     run.add_argument("--grace", type=float, default=5.0,
                      help="seconds between SIGTERM and SIGKILL when the lease is lost")
@@ -128,6 +130,7 @@ def _cmd_held(args: argparse.Namespace) -> int:
     from joblease.domain.lease import decide_complete, decide_release, decide_renew
     from joblease.kube.transact import transact
     client = _client(args)
+    args.holder = client.resolve_holder(args.holder)
     margin = client.margin()
     if args.verb == "renew":
         def decide(o: Observed, n: Any) -> Any:

@@ -109,3 +109,21 @@ def test_run_kills_its_command_when_the_lease_is_lost(cluster: Any, leases: Leas
             runner.wait(5)
     status = leases.get("job").status
     assert (status.holder, status.generation) == ("other", 2)
+
+
+def test_identity_holder_is_the_authenticated_username(cluster: Any, leases: LeaseClient
+                                                       ) -> None:
+    leases.store.create(leases.namespace, "job", {})
+    subject = cluster.rbac_subject("alice")
+    who = (f"--user={subject['name']}" if subject["kind"] == "User"
+           else f"--serviceaccount={subject.get('namespace')}:{subject['name']}")
+    grant = cluster.kubectl("create", "rolebinding", "alice-jl", "-n", leases.namespace,
+                            "--clusterrole=cluster-admin", who)
+    assert grant.returncode == 0, grant.stderr
+    claimed = cli(cluster, leases.namespace, "claim", "job", "--holder", "@identity",
+                  "-o", "json", user="alice")
+    assert claimed.returncode == 0, claimed.stderr
+    assert json.loads(claimed.stdout)["holder"] == cluster.username("alice")
+    released = cli(cluster, leases.namespace, "release", "job", "--holder", "@identity",
+                   "--generation", "1", user="alice")
+    assert released.returncode == 0, released.stderr

@@ -211,6 +211,17 @@ class KubeApi:
             raise _error_for(raw.status, raw.reason or "", decoded, method, path)
         return Response(raw.status, decoded, sent, received)
 
+    def whoami(self) -> str:
+        """The username the API server authenticates us as (a SelfSubjectReview).
+
+        Under the holder-only admission policy a worker's holder must be exactly this name
+        (``system:serviceaccount:NS:NAME`` for a ServiceAccount).
+        """
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        review = self.request("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                              body).body
+        return str(review["status"]["userInfo"]["username"])
+
     def close(self) -> None:
         """Release the connection pool."""
         self._client.close()

@@ -33,9 +33,12 @@ from joblease.kube.transact import Outcome, transact
 DEFAULT_MARGIN = timedelta(milliseconds=250)
 
 
+IDENTITY_HOLDER = "@identity"
+
+
 def default_holder() -> str:
-    """A holder identity unique to this process: ``host-pid``."""
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """The holder used when none is given: ``$JOBLEASE_HOLDER``, else ``host-pid``."""
+    return os.environ.get("JOBLEASE_HOLDER") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 class LeaseClient:
@@ -63,6 +66,7 @@ class LeaseClient:
         self.store = LeaseStore(self.api)
         self.base_margin = margin
         self._calibrate = calibrate
+        self._identity: str | None = None
 
     def margin(self) -> timedelta:
         """The margin in force now: the base margin plus the clock estimate's error bound."""
@@ -71,6 +75,21 @@ class LeaseClient:
             self.api.calibrate()
         now = self.api.server_now()
         return self.base_margin + now.error
+
+    def resolve_holder(self, holder: str | None) -> str:
+        """Turn a requested holder into the one written.
+
+        ``None`` means :func:`default_holder`; ``"@identity"`` means the username the API
+        server authenticates this client as — what the holder-only admission policy
+        requires. Replicas sharing one identity then share a holder name, so the policy
+        cannot tell them apart; give each its own ServiceAccount, or use pod delegation.
+        """
+        requested = holder or default_holder()
+        if requested == IDENTITY_HOLDER:
+            if self._identity is None:
+                self._identity = self.api.whoami()
+            return self._identity
+        return requested
 
     def get(self, name: str) -> Observed:
         """Read a JobLease."""
@@ -90,7 +109,7 @@ class LeaseClient:
             LeaseFinishedError: Completed or Failed.
             LeaseNotFoundError: no such JobLease.
         """
-        who = holder or default_holder()
+        who = self.resolve_holder(holder)
         margin = self.margin()
         outcome = transact(self.store, self.namespace, name,
                            lambda obs, now: decide_claim(obs, who, now, margin),
