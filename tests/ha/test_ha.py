@@ -130,3 +130,14 @@ def test_skewed_server_never_breaks_fencing(ha_cluster: HACluster, ha_namespace:
     else:
         assert jumps > 0  # the broken assumption is seen, logged and widens the margin
         assert timing == [], [str(v) for v in timing]
+
+
+def test_etcd_write_ceiling(ha_cluster: HACluster, ha_namespace: str) -> None:
+    """Conditional status writes per second through the LB, 3 API servers, 3 etcd members."""
+    from .scenarios import write_ceiling
+
+    rates = {n: write_ceiling(ha_cluster.kubeconfig, ha_namespace, n, seconds=3.0)
+             for n in (1, 4, 16)}
+    print("figure: conditional status writes/s " +
+          ", ".join(f"{n} writers: {r:.0f}" for n, r in rates.items()))
+    assert all(r > 0 for r in rates.values())
