@@ -1,0 +1,1 @@
+"""joblease benchmarks: ``python -m bench`` (see docs/benchmarks.md)."""

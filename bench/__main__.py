@@ -1,0 +1,133 @@
+"""``python -m bench [--quick] [--only SECTION ...]``: every benchmark in one run.
+
+Starts a fresh local control plane, installs the CRD, runs the sections in order, prints a
+table, and writes ``bench/results/results.json``, ``bench/results/plot.png`` and
+``bench/results/latest.md``. See docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import common
+from bench.common import RESULTS, create_namespace, loadavg, progress
+from joblease.kube.api import KubeApi
+from joblease.localcluster.cluster import LocalCluster
+
+SECTIONS = ("latency", "contention", "throughput", "handover", "scale")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    latency_iterations: int
+    contention_workers: int
+    contention_rounds: int
+    jobs: int
+    job_workers: int
+    handover_durations: tuple[int, ...]
+    handover_rounds: int
+    handover_per_round: int
+    scale_leases: int
+    scale_renew_leases: int
+    scale_renew_rounds: int
+    scale_expire_leases: int
+    scale_duration: int
+    reconcile_timeout: float
+
+
+FULL = Sizes(300, 50, 5, 1000, 20, (5, 15), 2, 10, 10_000, 200, 5, 500, 5, 600.0)
+QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes: a smoke run (about a minute), not a measurement")
+    parser.add_argument("--only", action="append", choices=SECTIONS, default=[],
+                        help="run only these sections (repeatable)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    sections = args.only or list(SECTIONS)
+    results: dict[str, Any] = {
+        "mode": "quick" if args.quick else "full", "sizes": sizes.__dict__,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "python": platform.python_version()},
+        "load_start": loadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    progress(f"load average at start: {results['load_start']} ({os.cpu_count()} CPUs)")
+    began = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix="joblease-bench-"))
+    progress("starting the local control plane (etcd, kube-apiserver, ...)")
+    with LocalCluster() as cluster:
+        progress(f"control plane ready at {cluster.server}")
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(common.CRD),
+                        check=True)
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/jobleases.joblease.dev", check=True)
+        kubeconfig = str(cluster.kubeconfig_for("admin"))
+        admin = KubeApi.from_kubeconfig(kubeconfig)
+        for section in sections:
+            namespace = f"bench-{section}"
+            create_namespace(admin, namespace)
+            progress(f"== {section} ==")
+            t0 = time.monotonic()
+            results[section] = _run(section, cluster, kubeconfig, namespace, sizes, work,
+                                    args.out)
+            results[section]["section_seconds"] = time.monotonic() - t0
+        admin.close()
+        progress("stopping the control plane")
+    results["load_end"] = loadavg()
+    results["total_seconds"] = time.monotonic() - began
+    progress(f"load average at end: {results['load_end']}")
+    from bench import report
+
+    table = report.table(results)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    common.write_json(args.out / "results.json", results)
+    (args.out / "latest.md").write_text(table + "\n")
+    plot = report.plot(results, args.out / "plot.png")
+    progress(f"wrote {args.out / 'results.json'}, {args.out / 'latest.md'}"
+             + (f", {plot}" if plot else " (no plot: matplotlib not installed; "
+                "pip install -e '.[bench]')"))
+    return 0
+
+
+def _run(section: str, cluster: LocalCluster, kubeconfig: str, namespace: str, sizes: Sizes,
+         work: Path, out: Path) -> dict[str, Any]:
+    if section == "latency":
+        from bench import latency
+
+        return latency.run(kubeconfig, namespace, sizes.latency_iterations, out)
+    if section == "contention":
+        from bench import contention
+
+        return contention.run(cluster, kubeconfig, namespace, sizes.contention_workers,
+                              sizes.contention_rounds)
+    if section == "throughput":
+        from bench import throughput
+
+        return throughput.run(kubeconfig, namespace, sizes.jobs, sizes.job_workers)
+    if section == "handover":
+        from bench import handover
+
+        return handover.run(kubeconfig, namespace, list(sizes.handover_durations),
+                            sizes.handover_rounds, sizes.handover_per_round)
+    from bench import scale
+
+    return scale.run(cluster, kubeconfig, namespace, sizes.scale_leases,
+                     sizes.scale_renew_leases, sizes.scale_renew_rounds,
+                     sizes.scale_expire_leases, sizes.scale_duration, work,
+                     sizes.reconcile_timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

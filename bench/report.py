@@ -1,0 +1,151 @@
+"""The closing table (markdown) and the PNG plot of a results dict."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+
+def _ms(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x * 1000:.1f}"
+
+
+def _s(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.2f}"
+
+
+def _ok(flag: bool | None) -> str:
+    return "n/a" if flag is None else ("yes" if flag else "**no**")
+
+
+def table(r: dict[str, Any]) -> str:
+    rows: list[tuple[str, str, str, str, str, str]] = []
+    lat = r.get("latency")
+    if lat:
+        f = lat["floor"]
+        for key, label, target in (("claim", "claim (GET + CAS PATCH)", 1.25),
+                                   ("claim_cached", "claim from a cached read (1 PATCH)", None),
+                                   ("renew", "renew (1 CAS PATCH)", 1.1)):
+            ratio = lat["ratios"][key]
+            rows.append((f"{label}, p50 / p99 ms", f"{_ms(lat[key]['p50'])} / "
+                         f"{_ms(lat[key]['p99'])}", f"floor {_ms(f['p50'])} / {_ms(f['p99'])}",
+                         f"{ratio['p50']:.2f}× / {ratio['p99']:.2f}×",
+                         f"≤ {target}×" if target else "info",
+                         _ok(ratio["p50"] <= target) if target else "n/a"))
+        g = lat["floor_get"]
+        rows.append(("bare GET of the same object, p50 / p99 ms",
+                     f"{_ms(g['p50'])} / {_ms(g['p99'])}", "", "", "info", "n/a"))
+    con = r.get("contention")
+    if con:
+        rows.append((f"contention: {con['workers']} workers, one lease: winner known, "
+                     f"p50 / max ms", f"{_ms(con['winner_s']['p50'])} / "
+                     f"{_ms(con['winner_s']['max'])}", "", "", "info", "n/a"))
+        rows.append(("contention: all workers know the outcome, p50 / max ms",
+                     f"{_ms(con['all_known_s']['p50'])} / {_ms(con['all_known_s']['max'])}",
+                     "", "", "info", "n/a"))
+        rows.append(("contention: writes wasted (409) per round, mean / max",
+                     f"{con['wasted_writes']['mean']:.1f} / {con['wasted_writes']['max']:.0f}",
+                     "", "", "info", "n/a"))
+    thr = r.get("throughput")
+    if thr:
+        rows.append((f"throughput: {thr['jobs']} jobs, {thr['workers']} workers, claim → "
+                     "complete", f"{thr['jobs_per_s']:.1f} jobs/s",
+                     f"floor {thr['floor_writes_per_s']:.1f} writes/s "
+                     f"(= {thr['floor_writes_per_s'] / 2:.1f} jobs/s at 2 writes/job)",
+                     f"{thr['ratio']:.2f}", "≥ 0.7", _ok(thr["ratio"] >= 0.7)))
+    hand = r.get("handover")
+    if hand:
+        for duration, d in hand["durations"].items():
+            ours, peer = d["ours"], d["peer"]
+            met = (ours["p99"] <= 1.5 and ours["p99"] < peer["p99"]
+                   if not math.isnan(ours["p99"]) else None)
+            rows.append((f"handover after SIGKILL, {duration} s lease: s after leaseUntil, "
+                         f"p50 / p99 (n={ours['n']})", f"{_s(ours['p50'])} / {_s(ours['p99'])}",
+                         f"peer (k8s LeaseLock, retry {d['peer_settings']['retry_period']} s) "
+                         f"{_s(peer['p50'])} / {_s(peer['p99'])} (n={peer['n']})",
+                         f"{ours['p99'] - peer['p99']:+.2f} s at p99",
+                         "p99 ≤ 1.5 s and < peer", _ok(met)))
+    sc = r.get("scale")
+    if sc:
+        n = sc["leases"]
+        rows.append((f"operator with {n} JobLeases: peak RSS", f"{sc['rss_mb_peak']:.0f} MB",
+                     "", "", "≤ 300 MB", _ok(sc["rss_mb_peak"] <= 300)))
+        rows.append(("operator: start → all initialized",
+                     f"{sc['reconcile_seconds']:.1f} s ({sc['initialized']:.0f}/{n})",
+                     f"{sc['init_writes_per_lease']['jobleases']:.2f} status writes + "
+                     f"{sc['init_writes_per_lease']['events']:.2f} Events per lease", "",
+                     "info", "n/a"))
+        e = sc["expiry"]
+        rows.append((f"expiry lag leaseUntil → Expired, p50 / p99 ({e['expired']}/"
+                     f"{e['leases']} leases)", f"{_s(e['lag_s']['p50'])} / "
+                     f"{_s(e['lag_s']['p99'])} s",
+                     f"{e['operator_writes_per_expiry']['jobleases']:.2f} writes + "
+                     f"{e['operator_writes_per_expiry']['events']:.2f} Events per expiry", "",
+                     "p99 ≤ 2 s", _ok(e["lag_s"]["p99"] <= 2.0)))
+        rn = sc["renewals"]
+        rows.append((f"operator writes per renewal ({rn['renewals']} renewals)",
+                     f"{rn['writes_per_renewal']:.3f}",
+                     f"counter {rn['operator_writes_counter']:.0f}, kube-apiserver "
+                     f"{rn['operator_writes_apiserver']:.0f}", "", "0",
+                     _ok(rn["writes_per_renewal"] == 0)))
+    head = ("| measurement | joblease | baseline (same run) | ratio | target | met |\n"
+            "|---|---|---|---|---|---|")
+    body = "\n".join("| " + " | ".join(row) + " |" for row in rows)
+    machine = r["machine"]
+    note = (f"Mode: {r['mode']}. Absolute times are this machine's: {machine['cpus']} CPUs, "
+            f"{machine['platform']}, Python {machine['python']}, shared with other work. "
+            f"Load average (1/5/15 min) at start {r['load_start']}, at end {r['load_end']}. "
+            f"Run started {r['started']}, took {r['total_seconds'] / 60:.1f} min. "
+            "Command: `make bench` (or `python -m bench`).")
+    return f"{head}\n{body}\n\n{note}"
+
+
+def plot(r: dict[str, Any], path: Path) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    lat = r.get("latency")
+    if lat:
+        ax = axes[0]
+        for key in ("floor", "claim", "claim_cached", "renew", "floor_get"):
+            data = sorted(x * 1000 for x in lat["samples"][key])
+            if data:
+                ax.plot(data, [(i + 1) / len(data) for i in range(len(data))], label=key)
+        ax.set_xscale("log")
+        ax.set_xlabel("latency, ms (this machine)")
+        ax.set_ylabel("CDF")
+        ax.set_title("claim / renew vs the floor (interleaved)")
+        ax.legend()
+    hand = r.get("handover")
+    if hand:
+        ax = axes[1]
+        for who, marker in (("ours", "o"), ("peer", "s")):
+            for duration, d in hand["durations"].items():
+                ys = d["samples"][who]
+                ax.scatter([float(duration) + (0.3 if who == "peer" else -0.3)] * len(ys), ys,
+                           marker=marker, alpha=0.5,
+                           color="C0" if who == "ours" else "C1",
+                           label=("joblease" if who == "ours" else "k8s LeaseLock")
+                           if duration == next(iter(hand["durations"])) else None)
+        ax.axhline(1.5, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("lease duration, s")
+        ax.set_ylabel("handover: s after leaseUntil")
+        ax.set_title("handover after SIGKILL")
+        ax.legend()
+    sc = r.get("scale")
+    if sc and sc["expiry"]["lag_samples"]:
+        ax = axes[2]
+        ax.hist(sc["expiry"]["lag_samples"], bins=30)
+        ax.axvline(2.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("expiry lag, s")
+        ax.set_title(f"expiry lag with {sc['leases']} JobLeases")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

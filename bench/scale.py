@@ -1,0 +1,242 @@
+"""5. Operator scale: N JobLeases, one operator process.
+
+1. N JobLeases are created (no status, as `kubectl apply` leaves them) before the
+   operator starts; then the operator starts and we time until it has initialized all of
+   them (its ``joblease_operator_writes_total{kind="initialized"}`` reaches N).
+2. Renewals: R leases are claimed and renewed k times each by this process. The operator's
+   writes during the renewals are counted twice: by its own counter, and from
+   kube-apiserver's ``apiserver_request_total`` (writes to jobleases minus the ones this
+   process sent; the metric has no user label, so we subtract what we know we sent).
+3. Expiry: E leases (duration D) are claimed over a few seconds and abandoned. Expiry lag
+   per lease = the ``Held=False`` condition's ``lastTransitionTime`` minus ``leaseUntil``.
+Resident memory (VmRSS and the peak VmHWM from /proc) is sampled throughout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from bench.common import (
+    WRITE_VERBS,
+    apiserver_requests,
+    count,
+    list_leases,
+    progress,
+    summary,
+)
+from joblease.domain.lease import parse_time
+from joblease.kube.api import KubeApi
+from joblease.kube.leases import LeaseStore
+from joblease.localcluster.process import free_port
+from joblease.sdk.client import Lease, LeaseClient
+
+
+class Operator:
+    """``python -m joblease`` as a real process, with its metrics endpoint."""
+
+    def __init__(self, kubeconfig: str, log: Path) -> None:
+        self.metrics_port, health = free_port(), free_port()
+        self.health_url = f"http://127.0.0.1:{health}/healthz"
+        self._log = log.open("ab")
+        env = {**os.environ, "KUBECONFIG": kubeconfig}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "joblease", "--metrics-port", str(self.metrics_port),
+             "--health-addr", f"127.0.0.1:{health}"],
+            env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        self.started = time.monotonic()
+        self.peak_rss_mb = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=10) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return {}
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                values[key] = float(value)
+        return values
+
+    def rss_mb(self) -> tuple[float, float]:
+        """(VmRSS, VmHWM) in MB."""
+        fields: dict[str, float] = {}
+        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        for line in status.splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                fields[key] = float(rest.split()[0]) / 1024
+        self.peak_rss_mb = max(self.peak_rss_mb, fields.get("VmHWM", 0.0))
+        return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+
+    def writes(self, kind: str | None = None) -> float:
+        values = self.metrics()
+        return sum(v for k, v in values.items()
+                   if k.startswith("joblease_operator_writes_total{")
+                   and (kind is None or f'kind="{kind}"' in k))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+
+def _jl_writes(totals: dict[tuple[str, str, str, str], float]) -> float:
+    return count(totals, verbs=WRITE_VERBS, resource="jobleases")
+
+
+def _event_writes(totals: dict[tuple[str, str, str, str], float]) -> float:
+    return count(totals, verbs=WRITE_VERBS, resource="events")
+
+
+def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases: int,
+        renew_rounds: int, expire_leases: int, duration: int, log_dir: Path,
+        reconcile_timeout: float) -> dict[str, Any]:
+    api = KubeApi.from_kubeconfig(kubeconfig)
+    store = LeaseStore(api)
+    names = [f"s-{i:05d}" for i in range(leases)]
+    t0 = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        for i, _ in enumerate(pool.map(
+                lambda n: store.create(namespace, n, {"leaseDurationSeconds": duration}), names)):
+            if (i + 1) % max(1, leases // 5) == 0:
+                progress(f"scale: created {i + 1}/{leases} JobLeases")
+    out: dict[str, Any] = {"leases": leases, "create_seconds": time.monotonic() - t0}
+    before_start = apiserver_requests(cluster)
+    op = Operator(kubeconfig, log_dir / "operator-scale.log")
+    try:
+        out.update(_reconcile(op, leases, reconcile_timeout))
+        after_init = apiserver_requests(cluster)
+        initialized = out["initialized"]
+        out["init_writes_per_lease"] = {
+            "jobleases": _jl_writes(after_init) - _jl_writes(before_start),
+            "events": _event_writes(after_init) - _event_writes(before_start)}
+        if initialized:
+            out["init_writes_per_lease"] = {k: v / initialized
+                                            for k, v in out["init_writes_per_lease"].items()}
+        out["renewals"] = _renewals(cluster, op, kubeconfig, namespace,
+                                    names[:renew_leases], renew_rounds, duration)
+        out["expiry"] = _expiry(cluster, op, kubeconfig, namespace,
+                                names[renew_leases:renew_leases + expire_leases], duration)
+        rss, hwm = op.rss_mb()
+        out["rss_mb_end"], out["rss_mb_peak"] = rss, max(hwm, op.peak_rss_mb)
+        values = op.metrics()
+        out["operator_expiry_lag_histogram"] = {
+            k: v for k, v in values.items() if k.startswith("joblease_expiry_lag_seconds")}
+    finally:
+        op.stop()
+        api.close()
+    return out
+
+
+def _reconcile(op: Operator, leases: int, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    done = 0.0
+    last_report = 0.0
+    while time.monotonic() < deadline:
+        if op.proc.poll() is not None:
+            raise RuntimeError(f"operator exited {op.proc.returncode}")
+        done = op.writes("initialized")
+        op.rss_mb()
+        if done >= leases:
+            break
+        if time.monotonic() - last_report > 10:
+            last_report = time.monotonic()
+            rss, _ = op.rss_mb()
+            progress(f"scale: operator initialized {done:.0f}/{leases} "
+                     f"({time.monotonic() - op.started:.0f}s, RSS {rss:.0f} MB)")
+        time.sleep(0.5)
+    seconds = time.monotonic() - op.started
+    rss, hwm = op.rss_mb()
+    progress(f"scale: {done:.0f}/{leases} reconciled {seconds:.1f}s after the operator started"
+             f" (RSS {rss:.0f} MB, peak {hwm:.0f} MB)")
+    return {"initialized": done, "reconcile_seconds": seconds, "reconciled_all": done >= leases,
+            "rss_mb_after_reconcile": rss}
+
+
+def _renewals(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: list[str],
+              rounds: int, duration: int) -> dict[str, Any]:
+    client = LeaseClient(namespace, kubeconfig=kubeconfig)
+    client.margin()
+    with ThreadPoolExecutor(8) as pool:
+        held: list[Lease] = list(pool.map(lambda n: client.claim(n, "renewer"), names))
+    time.sleep(1.0)  # let the operator see the claims before we start counting
+    before_api, before_op = apiserver_requests(cluster), op.writes()
+    sent = 0
+    t0 = time.monotonic()
+    for r in range(rounds):
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda lease: lease.renew(), held))
+        sent += len(held)
+        op.rss_mb()
+        pause = duration / 3 - (time.monotonic() - t0) % (duration / 3)
+        if r + 1 < rounds:
+            time.sleep(min(pause, duration / 3))
+    time.sleep(1.0)  # the operator sees the last renewals
+    after_api, after_op = apiserver_requests(cluster), op.writes()
+    api_writes = _jl_writes(after_api) - _jl_writes(before_api)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda lease: lease.release(), held))
+    client.api.close()
+    operator_writes_api = api_writes - sent
+    progress(f"scale: {sent} renewals; operator writes meanwhile: {after_op - before_op:.0f} "
+             f"(its counter), {operator_writes_api:.0f} (kube-apiserver's count minus ours)")
+    return {"renewals": sent, "operator_writes_counter": after_op - before_op,
+            "operator_writes_apiserver": operator_writes_api,
+            "writes_per_renewal": max(after_op - before_op, operator_writes_api) / sent}
+
+
+def _expiry(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: list[str],
+            duration: int) -> dict[str, Any]:
+    client = LeaseClient(namespace, kubeconfig=kubeconfig)
+    client.margin()
+    before_api, before_op = apiserver_requests(cluster), op.writes("expired")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: client.claim(n, "abandoner"), names))
+    claimed_api = apiserver_requests(cluster)
+    progress(f"scale: claimed {len(names)} leases of {duration}s and abandoned them")
+    deadline = time.monotonic() + duration + 120
+    expired = 0.0
+    while time.monotonic() < deadline:
+        expired = op.writes("expired") - before_op
+        op.rss_mb()
+        if expired >= len(names):
+            break
+        time.sleep(0.5)
+    time.sleep(1.0)
+    after_api = apiserver_requests(cluster)
+    wanted = set(names)
+    lags: list[float] = []
+    for item in list_leases(client.api, namespace):
+        if item["metadata"]["name"] not in wanted:
+            continue
+        status = item.get("status") or {}
+        held = next((c for c in status.get("conditions", []) if c.get("type") == "Held"), None)
+        if status.get("phase") == "Expired" and held and status.get("leaseUntil"):
+            lag = parse_time(held["lastTransitionTime"]) - parse_time(status["leaseUntil"])
+            lags.append(lag.total_seconds())
+    client.api.close()
+    ours = len(names)  # one PATCH per claim (plus the GET, not a write)
+    op_jl = _jl_writes(after_api) - _jl_writes(claimed_api)
+    op_events = _event_writes(after_api) - _event_writes(claimed_api)
+    progress(f"scale: {len(lags)}/{len(names)} expired; lag p50 "
+             f"{summary(lags)['p50']:.2f}s p99 {summary(lags)['p99']:.2f}s")
+    return {"leases": len(names), "expired": len(lags), "lag_s": summary(lags),
+            "lag_samples": lags, "claims_sent": ours,
+            "claim_writes_apiserver": _jl_writes(claimed_api) - _jl_writes(before_api),
+            "operator_writes_per_expiry": {"jobleases": op_jl / max(1, len(lags)),
+                                           "events": op_events / max(1, len(lags))}}
