@@ -112,8 +112,8 @@ class NodeCluster:
 
 def worker_pod(name: str, ns: str, args: list[str], *, lease: str | None = None,
                env: dict[str, str] | None = None, image: str = images.BASE_IMAGE,
-               extra_mounts: tuple[Path, ...] = (), readiness_file: bool = False
-               ) -> dict[str, Any]:
+               extra_mounts: tuple[Path, ...] = (), readiness_file: bool = False,
+               command: list[str] | None = None) -> dict[str, Any]:
     """A host-network pod running ``podworker.py ARGS`` from the working tree.
 
     It has the downward API volume (``/etc/joblease/annotations``) and an env var from the
@@ -129,7 +129,7 @@ def worker_pod(name: str, ns: str, args: list[str], *, lease: str | None = None,
         {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}})
     container: dict[str, Any] = {
         "name": "worker", "image": image, "imagePullPolicy": "Never",
-        "command": [str(VENV_PYTHON), str(WORKER), *args],
+        "command": command or [str(VENV_PYTHON), str(WORKER), *args],
         "env": [{"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
                 {"name": "PYTHONUNBUFFERED", "value": "1"},
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
