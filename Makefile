@@ -19,8 +19,9 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP) ## create .venv with the pinned dependencies
 
-binaries: setup ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm
-	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm
+binaries: setup ## build (or reuse) the control plane, kwok, helm, and the real node's kubelet, containerd, buildkit
+	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
+	  kubelet containerd containerd-shim-runc-v2 ctr buildkitd buildctl
 
 demo: binaries ## the A/B fencing demo on the embedded local control plane
 	$(BIN)/joblease demo
@@ -29,7 +30,7 @@ test: binaries ## lint, types, and every test (unit + real control plane + Postg
 	$(BIN)/ruff check operator tests e2e bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -m 'not slow and not node' --junitxml=artifacts/junit.xml
+	$(BIN)/pytest -m 'not slow' --junitxml=artifacts/junit.xml
 
 unit: setup ## pure unit tests only (seconds, no servers)
 	$(BIN)/pytest -m unit
