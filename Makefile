@@ -44,6 +44,7 @@ soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 	$(BIN)/python -m tests.faults.soak --runs $${SOAK_RUNS:-200}
 
 bench: binaries ## benchmarks; prints a table, writes bench/results/
+	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
 
 sync-crds: ## copy crds/*.yaml into the Helm chart (tests/unit/test_crd_drift.py checks it)

@@ -13,6 +13,7 @@ import platform
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,7 +44,7 @@ class Sizes:
     reconcile_timeout: float
 
 
-FULL = Sizes(300, 50, 5, 1000, 20, (5, 15), 2, 10, 10_000, 200, 5, 500, 5, 600.0)
+FULL = Sizes(500, 50, 5, 1000, 20, (5, 15), 4, 10, 10_000, 200, 5, 500, 5, 600.0)
 QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0)
 
 
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_start": loadavg(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     progress(f"load average at start: {results['load_start']} ({os.cpu_count()} CPUs)")
     began = time.monotonic()
+    failed: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="joblease-bench-"))
     progress("starting the local control plane (etcd, kube-apiserver, ...)")
     with LocalCluster() as cluster:
@@ -79,13 +81,20 @@ def main(argv: list[str] | None = None) -> int:
             create_namespace(admin, namespace)
             progress(f"== {section} ==")
             t0 = time.monotonic()
-            results[section] = _run(section, cluster, kubeconfig, namespace, sizes, work,
-                                    args.out)
+            try:
+                results[section] = _run(section, cluster, kubeconfig, namespace, sizes, work,
+                                        args.out)
+            except Exception as err:  # report it, keep the other sections' results
+                progress(f"{section} FAILED: {err!r}")
+                traceback.print_exc()
+                failed.append(section)
+                continue
             results[section]["section_seconds"] = time.monotonic() - t0
         admin.close()
         progress("stopping the control plane")
     results["load_end"] = loadavg()
     results["total_seconds"] = time.monotonic() - began
+    results["failed"] = failed
     progress(f"load average at end: {results['load_end']}")
     from bench import report
 
@@ -98,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"wrote {args.out / 'results.json'}, {args.out / 'latest.md'}"
              + (f", {plot}" if plot else " (no plot: matplotlib not installed; "
                 "pip install -e '.[bench]')"))
-    return 0
+    if failed:
+        progress(f"sections that failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 def _run(section: str, cluster: LocalCluster, kubeconfig: str, namespace: str, sizes: Sizes,

@@ -36,6 +36,11 @@ def table(r: dict[str, Any]) -> str:
         g = lat["floor_get"]
         rows.append(("bare GET of the same object, p50 / p99 ms",
                      f"{_ms(g['p50'])} / {_ms(g['p99'])}", "", "", "info", "n/a"))
+        cpu = lat["cpu_ms_mean"]
+        rows.append(("client CPU per operation (this process), mean ms",
+                     f"claim {cpu['claim']:.2f}, cached claim {cpu['claim_cached']:.2f}, "
+                     f"renew {cpu['renew']:.2f}", f"floor {cpu['floor']:.2f}, GET "
+                     f"{cpu['floor_get']:.2f}", "", "info", "n/a"))
     con = r.get("contention")
     if con:
         rows.append((f"contention: {con['workers']} workers, one lease: winner known, "
@@ -98,6 +103,8 @@ def table(r: dict[str, Any]) -> str:
             f"Load average (1/5/15 min) at start {r['load_start']}, at end {r['load_end']}. "
             f"Run started {r['started']}, took {r['total_seconds'] / 60:.1f} min. "
             "Command: `make bench` (or `python -m bench`).")
+    if r.get("failed"):
+        note += f" **Sections that failed (see the log): {', '.join(r['failed'])}.**"
     return f"{head}\n{body}\n\n{note}"
 
 
@@ -118,6 +125,11 @@ def plot(r: dict[str, Any], path: Path) -> Path | None:
             if data:
                 ax.plot(data, [(i + 1) / len(data) for i in range(len(data))], label=key)
         ax.set_xscale("log")
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_minor_formatter(ScalarFormatter())
+        ax.tick_params(axis="x", which="minor", labelsize=7)
         ax.set_xlabel("latency, ms (this machine)")
         ax.set_ylabel("CDF")
         ax.set_title("claim / renew vs the floor (interleaved)")

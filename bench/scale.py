@@ -37,6 +37,8 @@ from joblease.kube.leases import LeaseStore
 from joblease.localcluster.process import free_port
 from joblease.sdk.client import Lease, LeaseClient
 
+RENEW_DURATION = 30
+
 
 class Operator:
     """``python -m joblease`` as a real process, with its metrics endpoint."""
@@ -110,9 +112,13 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
     store = LeaseStore(api)
     names = [f"s-{i:05d}" for i in range(leases)]
     t0 = time.monotonic()
+    # the renewed ones get 30 s leases: renewals are counted, not raced against expiry
+    durations = {n: RENEW_DURATION if i < renew_leases else duration
+                 for i, n in enumerate(names)}
     with ThreadPoolExecutor(8) as pool:
         for i, _ in enumerate(pool.map(
-                lambda n: store.create(namespace, n, {"leaseDurationSeconds": duration}), names)):
+                lambda n: store.create(namespace, n, {"leaseDurationSeconds": durations[n]}),
+                names)):
             if (i + 1) % max(1, leases // 5) == 0:
                 progress(f"scale: created {i + 1}/{leases} JobLeases")
     out: dict[str, Any] = {"leases": leases, "create_seconds": time.monotonic() - t0}
@@ -129,7 +135,7 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
             out["init_writes_per_lease"] = {k: v / initialized
                                             for k, v in out["init_writes_per_lease"].items()}
         out["renewals"] = _renewals(cluster, op, kubeconfig, namespace,
-                                    names[:renew_leases], renew_rounds, duration)
+                                    names[:renew_leases], renew_rounds)
         out["expiry"] = _expiry(cluster, op, kubeconfig, namespace,
                                 names[renew_leases:renew_leases + expire_leases], duration)
         rss, hwm = op.rss_mb()
@@ -169,7 +175,7 @@ def _reconcile(op: Operator, leases: int, timeout: float) -> dict[str, Any]:
 
 
 def _renewals(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: list[str],
-              rounds: int, duration: int) -> dict[str, Any]:
+              rounds: int) -> dict[str, Any]:
     client = LeaseClient(namespace, kubeconfig=kubeconfig)
     client.margin()
     with ThreadPoolExecutor(8) as pool:
@@ -177,15 +183,13 @@ def _renewals(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names
     time.sleep(1.0)  # let the operator see the claims before we start counting
     before_api, before_op = apiserver_requests(cluster), op.writes()
     sent = 0
-    t0 = time.monotonic()
     for r in range(rounds):
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda lease: lease.renew(), held))
         sent += len(held)
         op.rss_mb()
-        pause = duration / 3 - (time.monotonic() - t0) % (duration / 3)
         if r + 1 < rounds:
-            time.sleep(min(pause, duration / 3))
+            time.sleep(1.0)
     time.sleep(1.0)  # the operator sees the last renewals
     after_api, after_op = apiserver_requests(cluster), op.writes()
     api_writes = _jl_writes(after_api) - _jl_writes(before_api)
