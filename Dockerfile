@@ -1,8 +1,8 @@
 # syntax=docker/dockerfile:1.7
 # The joblease operator image (also usable for workers: it holds the SDK and the CLI).
 #
-# Not built on the development machine (it has no Docker engine); written to be correct by
-# reading and built by CI / e2e/run-kind.sh with BuildKit:
+# Built in the tests with BuildKit (joblease.localcluster.buildkit, FROM a local mmdebstrap
+# base) and elsewhere with Docker:
 #   docker build -t localhost/joblease-operator:dev .
 #
 # Pinned base: an exact Python patch release on an exact Debian release. For fully
@@ -30,6 +30,11 @@ LABEL org.opencontainers.image.title="joblease-operator" \
 # Read-only root filesystem in the chart: no bytecode writes, unbuffered logs.
 ENV PATH=/opt/joblease/bin:$PATH PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
 COPY --from=build /opt/joblease /opt/joblease
+# A passwd/group entry for 65532: kopf names its identity with getpass.getuser(), which
+# raises KeyError for a uid that /etc/passwd does not know (found on the real node: the
+# operator pod crash-looped with "getpwuid(): uid not found: 65532").
+RUN echo 'joblease:x:65532:65532:joblease:/nonexistent:/usr/sbin/nologin' >> /etc/passwd \
+ && echo 'joblease:x:65532:' >> /etc/group
 # 65532: the conventional "nonroot" uid/gid; the chart's securityContext expects it.
 USER 65532:65532
 EXPOSE 8080 8081
