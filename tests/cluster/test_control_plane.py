@@ -52,7 +52,7 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
 def _established(kube: pykube.HTTPClient) -> bool:
     response = kube.get(version="apiextensions.k8s.io/v1",
                         url=f"customresourcedefinitions/{PLURAL}.{GROUP}")
-    conditions = response.json().get("status", {}).get("conditions", [])
+    conditions = (response.json().get("status") or {}).get("conditions") or []
     return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
