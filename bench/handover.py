@@ -39,6 +39,7 @@ class Worker:
              "--namespace", namespace, "--names", ",".join(names), "--duration", str(duration)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.mode = mode
+        self.margins: list[float] = []
         self.lines: queue.Queue[str] = queue.Queue()
         assert self.proc.stdout is not None
         threading.Thread(target=self._read, args=(self.proc.stdout,), daemon=True).start()
@@ -70,6 +71,8 @@ class Worker:
         while len(won) < count and time.monotonic() < deadline:
             data = json.loads(self.line(deadline - time.monotonic()))
             won[data["name"]] = float(data["won_at"])
+            if "margin" in data:
+                self.margins.append(float(data["margin"]))
         return won
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
@@ -99,6 +102,7 @@ def run(kubeconfig: str, namespace: str, durations: list[int], rounds: int, per_
     out: dict[str, Any] = {"per_round": per_round, "rounds": rounds, "durations": {}}
     for duration in durations:
         samples: dict[str, list[float]] = {"ours": [], "peer": []}
+        margins: list[float] = []
         for r in range(rounds):
             ours = [f"jl-{duration}s-{r}-{i}" for i in range(per_round)]
             peers = [f"le-{duration}s-{r}-{i}" for i in range(per_round)]
@@ -124,6 +128,7 @@ def run(kubeconfig: str, namespace: str, durations: list[int], rounds: int, per_
                 peer_until = {n: _peer_until(api, namespace, n) for n in peers}
                 won = claimers[0].results(per_round, duration * 3 + 60)
                 peer_won = claimers[1].results(per_round, duration * 3 + 60)
+                margins += claimers[0].margins
             finally:
                 for w in workers:
                     w.kill()
@@ -141,7 +146,7 @@ def run(kubeconfig: str, namespace: str, durations: list[int], rounds: int, per_
                      + (f"; {missing} claims did not happen in time" if missing else ""))
         out["durations"][str(duration)] = {
             "ours": summary(samples["ours"]), "peer": summary(samples["peer"]),
-            "samples": samples,
+            "samples": samples, "margin": summary(margins),
             "peer_settings": {"lease_duration": duration,
                               "renew_deadline": max(2, round(duration * 10 / 15)),
                               "retry_period": max(1, round(duration * 2 / 15))}}

@@ -48,7 +48,8 @@ def ours_claimer(args: argparse.Namespace) -> None:
         own = LeaseClient(args.namespace, api=client.api, calibrate=False)
         own.wait_claim(name, "claimer", timeout=args.duration * 4 + 60)
         won_at = time.time()
-        say(json.dumps({"name": name, "won_at": won_at}))
+        margin = own.margin().total_seconds()  # base margin + clock error bound
+        say(json.dumps({"name": name, "won_at": won_at, "margin": margin}))
 
     threads = [threading.Thread(target=claim, args=(n,), daemon=True) for n in args.names]
     for t in threads:

@@ -38,19 +38,20 @@ from joblease.localcluster.process import free_port
 from joblease.sdk.client import Lease, LeaseClient
 
 RENEW_DURATION = 30
+PACED_RATE = 25.0  # claims/s in the paced expiry run: below the operator's write rate
 
 
 class Operator:
     """``python -m joblease`` as a real process, with its metrics endpoint."""
 
-    def __init__(self, kubeconfig: str, log: Path) -> None:
+    def __init__(self, kubeconfig: str, log: Path, namespace: str) -> None:
         self.metrics_port, health = free_port(), free_port()
         self.health_url = f"http://127.0.0.1:{health}/healthz"
         self._log = log.open("ab")
         env = {**os.environ, "KUBECONFIG": kubeconfig}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "joblease", "--metrics-port", str(self.metrics_port),
-             "--health-addr", f"127.0.0.1:{health}"],
+             "--health-addr", f"127.0.0.1:{health}", "--namespace", namespace],
             env=env, stdout=self._log, stderr=subprocess.STDOUT)
         self.started = time.monotonic()
         self.peak_rss_mb = 0.0
@@ -123,7 +124,8 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
                 progress(f"scale: created {i + 1}/{leases} JobLeases")
     out: dict[str, Any] = {"leases": leases, "create_seconds": time.monotonic() - t0}
     before_start = apiserver_requests(cluster)
-    op = Operator(kubeconfig, log_dir / "operator-scale.log")
+    # watching only this namespace: the other sections' leftovers are not its business
+    op = Operator(kubeconfig, log_dir / "operator-scale.log", namespace)
     try:
         out.update(_reconcile(op, leases, reconcile_timeout))
         after_init = apiserver_requests(cluster)
@@ -136,8 +138,12 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
                                             for k, v in out["init_writes_per_lease"].items()}
         out["renewals"] = _renewals(cluster, op, kubeconfig, namespace,
                                     names[:renew_leases], renew_rounds)
+        first = renew_leases
+        out["expiry_paced"] = _expiry(cluster, op, kubeconfig, namespace,
+                                      names[first:first + expire_leases], duration, PACED_RATE)
+        first += expire_leases
         out["expiry"] = _expiry(cluster, op, kubeconfig, namespace,
-                                names[renew_leases:renew_leases + expire_leases], duration)
+                                names[first:first + expire_leases], duration, None)
         rss, hwm = op.rss_mb()
         out["rss_mb_end"], out["rss_mb_peak"] = rss, max(hwm, op.peak_rss_mb)
         values = op.metrics()
@@ -205,14 +211,23 @@ def _renewals(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names
 
 
 def _expiry(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: list[str],
-            duration: int) -> dict[str, Any]:
+            duration: int, rate: float | None) -> dict[str, Any]:
+    """Claim and abandon ``names``: at ``rate`` claims/s, or as fast as 8 threads go."""
     client = LeaseClient(namespace, kubeconfig=kubeconfig)
     client.margin()
     before_api, before_op = apiserver_requests(cluster), op.writes("expired")
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda n: client.claim(n, "abandoner"), names))
+    t0 = time.monotonic()
+    if rate is None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: client.claim(n, "abandoner"), names))
+    else:
+        for i, name in enumerate(names):
+            time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+            client.claim(name, "abandoner")
+    achieved = len(names) / max(1e-9, time.monotonic() - t0)
     claimed_api = apiserver_requests(cluster)
-    progress(f"scale: claimed {len(names)} leases of {duration}s and abandoned them")
+    progress(f"scale: claimed {len(names)} leases of {duration}s at {achieved:.0f}/s and "
+             "abandoned them")
     deadline = time.monotonic() + duration + 120
     expired = 0.0
     while time.monotonic() < deadline:
@@ -239,7 +254,7 @@ def _expiry(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: 
     op_events = _event_writes(after_api) - _event_writes(claimed_api)
     progress(f"scale: {len(lags)}/{len(names)} expired; lag p50 "
              f"{summary(lags)['p50']:.2f}s p99 {summary(lags)['p99']:.2f}s")
-    return {"leases": len(names), "expired": len(lags), "lag_s": summary(lags),
+    return {"leases": len(names), "rate": achieved, "expired": len(lags), "lag_s": summary(lags),
             "lag_samples": lags, "claims_sent": ours,
             "claim_writes_apiserver": _jl_writes(claimed_api) - _jl_writes(before_api),
             "operator_writes_per_expiry": {"jobleases": op_jl / max(1, len(lags)),
