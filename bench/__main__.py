@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -56,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these sections (repeatable)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so the control plane and workers are stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = QUICK if args.quick else FULL
     sections = args.only or list(SECTIONS)
     results: dict[str, Any] = {

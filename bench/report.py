@@ -63,6 +63,9 @@ def table(r: dict[str, Any]) -> str:
                      f"floor {thr['floor_writes_per_s']:.1f} writes/s "
                      f"(= {thr['floor_writes_per_s'] / 2:.1f} jobs/s at 2 writes/job)",
                      f"{thr['ratio']:.2f}", "≥ 0.7", _ok(thr["ratio"] >= 0.7)))
+        rows.append(("throughput, claims decided from a prior read (`claim(observed=…)`)",
+                     f"{thr['cached_jobs_per_s']:.1f} jobs/s", "same floor",
+                     f"{thr['cached_ratio']:.2f}", "info", "n/a"))
     hand = r.get("handover")
     if hand:
         for duration, d in hand["durations"].items():

@@ -32,14 +32,22 @@ def run(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, A
         c.margin()  # clock known before timing
     store = LeaseStore(apis[0])
     names = [f"job-{i:05d}" for i in range(jobs)]
+    cached_names = [f"jobc-{i:05d}" for i in range(jobs)]
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda n: store.create(namespace, n, {"leaseDurationSeconds": 30}),
-                      names))
+                      names + cached_names))
         floor_objs = list(pool.map(
             lambda i: store.create(namespace, f"floor-{i:03d}", {}), range(workers)))
     progress(f"throughput: created {jobs} jobs and {workers} floor objects")
 
-    def protocol_segment(segment: list[str]) -> float:
+    def protocol_segment(segment: list[str], cached: bool = False) -> float:
+        # cached: each claim decides from a version read before the segment (untimed), as
+        # a worker fed by a watch or list would: the claim is then one write, no read
+        seen: dict[str, Observed] = {}
+        if cached:
+            with ThreadPoolExecutor(8) as pool:
+                seen = dict(zip(segment, pool.map(lambda n: store.get(namespace, n), segment),
+                                strict=True))
         todo: queue.Queue[str] = queue.Queue()
         for n in segment:
             todo.put(n)
@@ -52,7 +60,7 @@ def run(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, A
                 except queue.Empty:
                     return
                 try:
-                    client.claim(name, f"w{i}").complete("ok")
+                    client.claim(name, f"w{i}", observed=seen.get(name)).complete("ok")
                 except Exception as err:  # counted, reported
                     errors.append(f"{name}: {err}")
 
@@ -94,12 +102,14 @@ def run(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, A
 
     size = max(1, jobs // SEGMENTS)
     segments = [names[i:i + size] for i in range(0, jobs, size)]
-    protocol_s = floor_s = 0.0
+    cached_segments = [cached_names[i:i + size] for i in range(0, jobs, size)]
+    protocol_s = floor_s = cached_s = 0.0
     floor_writes = 0
     for k, segment in enumerate(segments):
         floor_s += floor_segment(2 * len(segment))
         floor_writes += 2 * len(segment)
         protocol_s += protocol_segment(segment)
+        cached_s += protocol_segment(cached_segments[k], cached=True)
         progress(f"throughput: segment {k + 1}/{len(segments)} ({len(segment)} jobs): floor "
                  f"so far {floor_writes / floor_s:.0f} writes/s, protocol so far "
                  f"{sum(len(s) for s in segments[:k + 1]) / protocol_s:.0f} jobs/s")
@@ -107,6 +117,8 @@ def run(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, A
         a.close()
     jobs_per_s = jobs / protocol_s
     floor_rate = floor_writes / floor_s
+    cached_rate = jobs / cached_s
     return {"jobs": jobs, "workers": workers, "protocol_seconds": protocol_s,
+            "cached_jobs_per_s": cached_rate, "cached_ratio": cached_rate / (floor_rate / 2),
             "jobs_per_s": jobs_per_s, "floor_writes": floor_writes, "floor_seconds": floor_s,
             "floor_writes_per_s": floor_rate, "ratio": jobs_per_s / (floor_rate / 2)}
