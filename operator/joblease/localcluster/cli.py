@@ -66,7 +66,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if _alive(state):
             return _err(f"cluster {name!r} is already up ({', '.join(_alive(state))}); "
                         f"run `joblease local-cluster down --name {name}` first")
-        stop_detached(state)  # stale: processes gone (e.g. reboot); clear its folder
+        _stop_everything(state)  # stale: processes gone (e.g. reboot); clear its folder
         shutil.rmtree(state_dir(name), ignore_errors=True)
     cluster: LocalCluster
     if args.apiservers > 1 or args.etcd_members > 1:
@@ -80,13 +80,35 @@ def cmd_up(args: argparse.Namespace) -> int:
         cluster.start()
     except (build.BuildError, CertError, ComponentStartError) as err:
         return _err(str(err))
+    state = cluster.state()
+    node = None
+    if args.node:
+        from joblease.localcluster import images
+        from joblease.localcluster.node import NodeUnavailableError, RealNode
+
+        node = RealNode(cluster)
+        try:
+            node.start()  # on failure it has already torn itself down
+            node.import_image(images.base_archive())
+        except (build.BuildError, ComponentStartError, NodeUnavailableError,
+                images.ImageError) as err:
+            node.stop()
+            cluster.stop()
+            return _err(str(err))
+        state["node"] = node.state()
     folder = state_dir(name)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "state.json").write_text(json.dumps(cluster.state(), indent=2) + "\n")
+    (folder / "state.json").write_text(json.dumps(state, indent=2) + "\n")
     print(f"local cluster {name!r} is up: {cluster.server} "
           f"(/readyz after {cluster.ready_seconds or 0:.1f}s)")
-    for proc in cluster.processes:
+    for proc in [*cluster.processes, *(node.processes if node else [])]:
         print(f"  {proc.name:<24} pid {proc.pid:<8} log {proc.log_path}")
+    if node is not None:
+        from joblease.localcluster import images
+        from joblease.localcluster.node import NODE_NAME
+
+        print(f"node {NODE_NAME!r} is Ready (kubelet + containerd; pods need "
+              f"hostNetwork: true and imagePullPolicy: Never; image {images.BASE_IMAGE})")
     print(f"contexts: {_context_for(name)} (admin), "
           f"{_context_for(name)}-alice, {_context_for(name)}-bob")
     print(f"export KUBECONFIG={shlex.quote(str(cluster.kubeconfig))}")
@@ -99,11 +121,25 @@ def cmd_down(args: argparse.Namespace) -> int:
     state = _read_state(name)
     if state is None:
         return _err(f"no local cluster {name!r} is recorded (nothing to stop)")
-    for what in stop_detached(state):
+    stopped, left = _stop_everything(state)
+    for what in stopped:
         print(f"stopped {what}")
     shutil.rmtree(state_dir(name), ignore_errors=True)
+    if left:
+        return _err(f"local cluster {name!r} is down, but these are left: {', '.join(left)}")
     print(f"local cluster {name!r} is down")
     return 0
+
+
+def _stop_everything(state: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Stop the node (if any) first: its mounts live in the cluster's folder."""
+    stopped: list[str] = []
+    left: list[str] = []
+    if state.get("node"):
+        from joblease.localcluster.node import stop_detached_node
+
+        stopped, left = stop_detached_node(state["node"])
+    return [*stopped, *stop_detached(state)], left
 
 
 def cmd_env(args: argparse.Namespace) -> int:
@@ -146,6 +182,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                              help="kube-apiservers behind a loopback load balancer (HA mode)")
             sub.add_argument("--etcd-members", type=int, default=1,
                              help="etcd members in one raft cluster (odd; HA mode)")
+            sub.add_argument("--node", action="store_true",
+                             help="also join a real node (kubelet + containerd + runc, as "
+                                  "root; `down` removes its processes, mounts and cgroups)")
         sub.set_defaults(func=func)
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import yaml
 
 from joblease.localcluster import build, certs, images
-from joblease.localcluster.process import ManagedProcess, free_port
+from joblease.localcluster.process import ManagedProcess, free_port, pid_matches, stop_pid
 
 NODE_NAME = "localhost"
 RUNC = Path("/usr/sbin/runc")
@@ -230,6 +230,12 @@ class RealNode:
             _remove_cgroup_tree(root / self.cgroup_name)
         self._remove_container_log_links()
         return self.leftovers()
+
+    def state(self) -> dict[str, Any]:
+        """Describe the running node for ``joblease local-cluster down`` (JSON-able)."""
+        return {"dir": str(self.dir), "ctr": str(self.binaries["ctr"]),
+                "processes": [{"name": p.name, "pid": p.pid, "argv0": p.argv[0]}
+                              for p in self.processes]}
 
     def leftovers(self) -> list[str]:
         """Return mounts, cgroups and shim processes of this node that still exist."""
@@ -438,5 +444,49 @@ imports = []
                     link.unlink()
 
 
+def stop_detached_node(state: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """Stop a node that ``joblease local-cluster up --node`` left running (another process).
+
+    The same order as :meth:`RealNode.stop`, with the recorded PIDs (each signalled only if
+    ``/proc/PID/cmdline`` still names the recorded binary): the kubelet, the containers'
+    tasks through containerd, containerd, the shims serving *our* socket, every mount below
+    the node's folder, its cgroups and ``/var/log/containers`` links. It must run before the
+    cluster's folder is removed: a folder with mounts below it cannot be.
+
+    Returns:
+        The processes stopped, and what is still left (mounts, cgroups, shims).
+
+    """
+    node_dir = Path(state["dir"])
+    node = RealNode(_FolderOnly(node_dir.parent))
+    node.binaries = {"ctr": Path(state["ctr"])}
+    recorded = {p["name"]: p for p in state.get("processes", [])}
+    stopped: list[str] = []
+
+    def stop(name: str) -> None:
+        entry = recorded.get(name)
+        if entry and stop_pid(int(entry["pid"]), str(entry["argv0"])):
+            stopped.append(f"{name} (pid {entry['pid']})")
+
+    stop("kubelet")
+    containerd = recorded.get("containerd")
+    if containerd and pid_matches(int(containerd["pid"]), str(containerd["argv0"])):
+        node._kill_tasks()
+    stop("containerd")
+    node._kill_shims()
+    node._unmount_all()
+    for root in _cgroup_hierarchies():
+        _remove_cgroup_tree(root / node.cgroup_name)
+    node._remove_container_log_links()
+    return stopped, node.leftovers()
+
+
+@dataclass(frozen=True)
+class _FolderOnly:
+    """The one thing :class:`RealNode` needs of a cluster to tear a node down: its folder."""
+
+    dir: Path
+
+
 __all__ = ["NODE_NAME", "NodeUnavailableError", "RealNode", "missing_prerequisites",
-           "mounts_under", "require_prerequisites"]
+           "mounts_under", "require_prerequisites", "stop_detached_node"]
