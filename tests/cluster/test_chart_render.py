@@ -61,6 +61,25 @@ def test_api_server_override_and_host_network() -> None:
     assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
 
 
+
+def test_bind_address_and_host_network_strategy() -> None:
+    """Found on the real node: 0.0.0.0 ports on the host, and a surge pod stuck Pending."""
+    deploy = render("hostNetwork=true", "bindAddress=127.0.0.1")["Deployment/jl-joblease-operator"]
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert "--metrics-addr=127.0.0.1" in container["args"]
+    assert "--health-addr=127.0.0.1:8081" in container["args"]
+    assert container["readinessProbe"]["httpGet"]["host"] == "127.0.0.1"
+    assert container["livenessProbe"]["httpGet"]["host"] == "127.0.0.1"
+    assert deploy["spec"]["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {
+        "maxSurge": 0, "maxUnavailable": 1}}
+    default = render()["Deployment/jl-joblease-operator"]
+    assert "strategy" not in default["spec"]
+    assert "--metrics-addr=0.0.0.0" in default["spec"]["template"]["spec"]["containers"][0][
+        "args"]
+    custom = render("strategy.type=Recreate")["Deployment/jl-joblease-operator"]
+    assert custom["spec"]["strategy"] == {"type": "Recreate"}
+
+
 def test_policy_exempts_the_operators_service_account() -> None:
     policy = render()["ValidatingAdmissionPolicy/jl-joblease-operator-holder-only"]
     first = policy["spec"]["matchConditions"][0]["expression"]
