@@ -316,7 +316,11 @@ def test_user_journey(release: Release, node_ns: str, pg: PostgresServer) -> Non
             os.kill(pid, signal.SIGCONT)
     # Step 6: the paused worker resumes into its write with generation n: refused, exit 4.
     wait_for(lambda: _last_exit(nc, ns, a) == 4, 60, f"{a} to exit 4 (refused by the fence)")
-    refused = _log(nc, ns, a, previous=True)
+    # The ended container's log: still the current one until the kubelet restarts it.
+    refused = wait_for(lambda: next((log for log in (_log(nc, ns, a, previous=True),
+                                                     _log(nc, ns, a))
+                                     if "refused by the fence" in log), None),
+                       30, f"{a}'s log of the refusal")
     assert "refused by the fence" in refused, refused
     # ... and completing the lease with its old token is refused by the protocol (exit 4).
     a_uid = nc.api(f"/api/v1/namespaces/{ns}/pods/{a}")["metadata"]["uid"]
@@ -417,8 +421,28 @@ def test_rbac_each_rule_is_needed_in_place(release: Release, node_ns: str) -> No
         wait_for(lambda: "joblease.dev/holder" in nc.api(
             f"/api/v1/namespaces/{ns}/pods/delegate")["metadata"].get("annotations", {}),
             30, "the token annotations once the rule is back")
+        # jobleases list/watch are used from the start: a restarted operator sees no lease.
+        _without_rule(nc, "jobleases")
+        _restart_operator(rel)
+        _new_lease(nc, ns, "unseen")
+        wait_for(lambda: re.search(r'(?i)forbidden.*jobleases|jobleases.*forbidden',
+                                   rel.logs()), 60, "the operator to log the refused list")
+        assert not nc.lease(ns, "unseen").get("phase")
+        _restore(nc, original)
+        _restart_operator(rel)
+        wait_for(lambda: nc.lease(ns, "unseen").get("phase") == "Available", 60,
+                 "the lease initialized once the rule is back")
     finally:
         _restore(nc, original)
+
+
+def _restart_operator(rel: Release) -> None:
+    """Delete the operator's pods at once; wait for the replacement to run (bounded)."""
+    old = {p["metadata"]["name"] for p in rel.pods()}
+    for name in old:
+        rel.nc.kubectl("delete", "pod", name, "-n", RELEASE_NS, "--grace-period=0", "--force")
+    wait_for(lambda: any(p["metadata"]["name"] not in old and p["status"].get("phase") ==
+                         "Running" for p in rel.pods()), READY_TIMEOUT, "a new operator pod")
 
 
 def test_helm_upgrade_rolls_the_pod_and_uninstall_keeps_crd_and_leases(
