@@ -100,7 +100,8 @@ def table(r: dict[str, Any]) -> str:
                          f"{e['leases']} leases, {how})", f"{_s(e['lag_s']['p50'])} / "
                          f"{_s(e['lag_s']['p99'])} s",
                          f"{e['operator_writes_per_expiry']['jobleases']:.2f} writes + "
-                         f"{e['operator_writes_per_expiry']['events']:.2f} Events per expiry",
+                         f"{e['operator_writes_per_expiry']['events']:.2f} Events per "
+                         "transition (claim or expiry)",
                          "", "p99 ≤ 2 s", _ok(e["lag_s"]["p99"] <= 2.0)))
         rn = sc["renewals"]
         rows.append((f"operator writes per renewal ({rn['renewals']} renewals)",

@@ -249,13 +249,16 @@ def _expiry(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: 
             lag = parse_time(held["lastTransitionTime"]) - parse_time(status["leaseUntil"])
             lags.append(lag.total_seconds())
     client.api.close()
-    ours = len(names)  # one PATCH per claim (plus the GET, not a write)
-    op_jl = _jl_writes(after_api) - _jl_writes(claimed_api)
-    op_events = _event_writes(after_api) - _event_writes(claimed_api)
+    # Expiries start while claims are still being sent (paced run), so count the whole
+    # window and subtract our own writes: one PATCH per claim (its GET is not a write).
+    ours = len(names)
+    op_jl = _jl_writes(after_api) - _jl_writes(before_api) - ours
+    # the operator posts an Event for every claim it sees and every expiry it writes
+    op_events = _event_writes(after_api) - _event_writes(before_api)
     progress(f"scale: {len(lags)}/{len(names)} expired; lag p50 "
              f"{summary(lags)['p50']:.2f}s p99 {summary(lags)['p99']:.2f}s")
     return {"leases": len(names), "rate": achieved, "expired": len(lags), "lag_s": summary(lags),
             "lag_samples": lags, "claims_sent": ours,
             "claim_writes_apiserver": _jl_writes(claimed_api) - _jl_writes(before_api),
             "operator_writes_per_expiry": {"jobleases": op_jl / max(1, len(lags)),
-                                           "events": op_events / max(1, len(lags))}}
+                                           "events": op_events / max(1, len(lags) + ours)}}
