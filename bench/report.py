@@ -135,16 +135,14 @@ def plot(r: dict[str, Any], path: Path) -> Path | None:
     lat = r.get("latency")
     if lat:
         ax = axes[0]
-        for key in ("floor", "claim", "claim_cached", "renew", "floor_get"):
-            data = sorted(x * 1000 for x in lat["samples"][key])
+        for key in ("floor", "floor_same_body", "claim", "claim_cached", "renew", "floor_get"):
+            data = sorted(x * 1000 for x in lat["samples"].get(key, []))
             if data:
                 ax.plot(data, [(i + 1) / len(data) for i in range(len(data))], label=key)
         ax.set_xscale("log")
         from matplotlib.ticker import ScalarFormatter
 
         ax.xaxis.set_major_formatter(ScalarFormatter())
-        ax.xaxis.set_minor_formatter(ScalarFormatter())
-        ax.tick_params(axis="x", which="minor", labelsize=7)
         ax.set_xlabel("latency, ms (this machine)")
         ax.set_ylabel("CDF")
         ax.set_title("claim / renew vs the floor (interleaved)")
