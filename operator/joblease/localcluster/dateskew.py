@@ -24,18 +24,17 @@ from __future__ import annotations
 import contextlib
 import socket
 import ssl
-import threading
 from datetime import timedelta
 from email.utils import format_datetime, parsedate_to_datetime
 from pathlib import Path
 
-from joblease.localcluster.lb import POLL, relay
+from joblease.localcluster.lb import LoopbackServer, relay
 
 HOST = "127.0.0.1"
 MAX_HEAD = 64 * 1024
 
 
-class DateSkewProxy:
+class DateSkewProxy(LoopbackServer):
     """Forward to ``127.0.0.1:upstream_port`` over TLS, shifting ``Date`` by ``offset``.
 
     Args:
@@ -48,6 +47,7 @@ class DateSkewProxy:
 
     def __init__(self, upstream_port: int, ca_file: Path, cert_file: Path, key_file: Path,
                  offset: float = 0.0) -> None:
+        super().__init__()
         self.upstream_port = upstream_port
         self.offset = offset
         self.rewritten = 0
@@ -56,62 +56,7 @@ class DateSkewProxy:
         self._server_ctx.set_alpn_protocols(["http/1.1"])
         self._client_ctx = ssl.create_default_context(cafile=str(ca_file))
         self._client_ctx.set_alpn_protocols(["http/1.1"])
-        self._listener: socket.socket | None = None
-        self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
 
-    @property
-    def port(self) -> int:
-        """The listening port."""
-        if self._listener is None:
-            raise RuntimeError("the proxy is not started")
-        port: int = self._listener.getsockname()[1]
-        return port
-
-    def start(self) -> DateSkewProxy:
-        """Bind 127.0.0.1 and start accepting (returns self)."""
-        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((HOST, 0))
-        listener.listen(128)
-        listener.settimeout(POLL)
-        self._listener = listener
-        self._spawn(self._accept_loop)
-        return self
-
-    def stop(self) -> None:
-        """Stop accepting, end every connection, join the threads."""
-        self._stop.set()
-        if self._listener is not None:
-            with contextlib.suppress(OSError):
-                self._listener.close()
-        for thread in list(self._threads):
-            thread.join(timeout=5)
-
-    def __enter__(self) -> DateSkewProxy:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def _spawn(self, target: object, *args: object) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
-        with self._lock:
-            self._threads = [t for t in self._threads if t.is_alive()]
-            self._threads.append(thread)
-        thread.start()
-
-    def _accept_loop(self) -> None:
-        assert self._listener is not None
-        while not self._stop.is_set():
-            try:
-                raw, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            self._spawn(self._serve, raw)
 
     def _serve(self, raw: socket.socket) -> None:
         client: socket.socket | None = None

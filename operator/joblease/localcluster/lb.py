@@ -33,6 +33,7 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 from types import FrameType
+from typing import Self
 
 HOST = "127.0.0.1"
 CONNECT_TIMEOUT = 2.0
@@ -40,80 +41,65 @@ POLL = 0.2  # how often relay threads look at the stop/partition flags
 BUFFER = 64 * 1024
 
 
-class LoadBalancer:
-    """Relays each TCP connection to the next backend (round-robin per connection).
+class LoopbackServer:
+    """A threaded TCP server on 127.0.0.1: the listener, its threads and a bounded stop.
 
-    Args:
-        backends: The backends' ports on 127.0.0.1.
-        port: The port to listen on (0: pick a free one; see :attr:`port`).
+    Shared by :class:`LoadBalancer` and ``dateskew.DateSkewProxy``; subclasses implement
+    :meth:`_serve` (one thread per accepted connection) and may veto a connection in
+    :meth:`_admit`.
     """
 
-    def __init__(self, backends: Sequence[int], port: int = 0) -> None:
-        if not backends:
-            raise ValueError("a load balancer needs at least one backend")
-        self.backends = list(backends)
+    def __init__(self, port: int = 0, backlog: int = 128) -> None:
         self._requested_port = port
+        self._backlog = backlog
         self._listener: socket.socket | None = None
-        self._next = itertools.count()
         self._stop = threading.Event()
-        self._partitioned = threading.Event()
         self._lock = threading.Lock()
-        self._conns: set[socket.socket] = set()
         self._threads: list[threading.Thread] = []
-        self.routed: Counter[int] = Counter()  # connections per backend port
-        self.dropped = 0  # connections closed by partition()
 
     @property
     def port(self) -> int:
         """The listening port."""
         if self._listener is None:
-            raise RuntimeError("the load balancer is not started")
+            raise RuntimeError(f"the {type(self).__name__} is not started")
         port: int = self._listener.getsockname()[1]
         return port
 
-    def start(self) -> LoadBalancer:
+    def start(self) -> Self:
         """Bind 127.0.0.1 and start accepting (returns self)."""
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind((HOST, self._requested_port))
-        listener.listen(256)
+        listener.listen(self._backlog)
         listener.settimeout(POLL)
         self._listener = listener
         self._spawn(self._accept_loop)
         return self
 
-    def partition(self) -> None:
-        """Drop every relayed connection now and refuse new ones until :meth:`heal`."""
-        self._partitioned.set()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            _close(conn)
-        self.dropped += len(conns) // 2
-
-    def heal(self) -> None:
-        """Relay new connections again."""
-        self._partitioned.clear()
-
     def stop(self) -> None:
-        """Close everything and join the threads (each notices within ``POLL`` seconds)."""
+        """Close the listener and open connections; join the threads (each within ``POLL``)."""
         self._stop.set()
         if self._listener is not None:
             _close(self._listener)
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            _close(conn)
+        self._close_connections()
         for thread in list(self._threads):
             thread.join(timeout=5)
 
-    def __enter__(self) -> LoadBalancer:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    # -- internals ------------------------------------------------------------------------
+    def _close_connections(self) -> None:
+        """Close what :meth:`stop` must close besides the listener (default: nothing)."""
+
+    def _admit(self, client: socket.socket) -> bool:
+        """Whether to serve an accepted connection (default: always)."""
+        return True
+
+    def _serve(self, client: socket.socket) -> None:
+        raise NotImplementedError
 
     def _spawn(self, target: object, *args: object) -> None:
         thread = threading.Thread(target=target, args=args, daemon=True)  # type: ignore[arg-type]
@@ -131,11 +117,54 @@ class LoadBalancer:
                 continue
             except OSError:
                 return  # listener closed
-            if self._partitioned.is_set():
-                _close(client)
-                self.dropped += 1
-                continue
-            self._spawn(self._serve, client)
+            if self._admit(client):
+                self._spawn(self._serve, client)
+
+
+class LoadBalancer(LoopbackServer):
+    """Relays each TCP connection to the next backend (round-robin per connection).
+
+    Args:
+        backends: The backends' ports on 127.0.0.1.
+        port: The port to listen on (0: pick a free one; see :attr:`port`).
+    """
+
+    def __init__(self, backends: Sequence[int], port: int = 0) -> None:
+        if not backends:
+            raise ValueError("a load balancer needs at least one backend")
+        super().__init__(port, backlog=256)
+        self.backends = list(backends)
+        self._next = itertools.count()
+        self._partitioned = threading.Event()
+        self._conns: set[socket.socket] = set()
+        self.routed: Counter[int] = Counter()  # connections per backend port
+        self.dropped = 0  # connections closed by partition()
+
+    def partition(self) -> None:
+        """Drop every relayed connection now and refuse new ones until :meth:`heal`."""
+        self._partitioned.set()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            _close(conn)
+        self.dropped += len(conns) // 2
+
+    def heal(self) -> None:
+        """Relay new connections again."""
+        self._partitioned.clear()
+
+    def _close_connections(self) -> None:
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:
+            _close(conn)
+
+    def _admit(self, client: socket.socket) -> bool:
+        if self._partitioned.is_set():
+            _close(client)
+            self.dropped += 1
+            return False
+        return True
 
     def _connect_backend(self) -> socket.socket | None:
         for _ in range(len(self.backends)):
