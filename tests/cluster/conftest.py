@@ -62,15 +62,16 @@ def free_port() -> int:
 class OperatorProcess:
     """The operator as a real process (``python -m joblease``) with its metrics endpoint."""
 
-    def __init__(self, kubeconfig: Path, log: Path, extra_env: dict[str, str] | None = None
-                 ) -> None:
+    def __init__(self, kubeconfig: Path, log: Path, extra_env: dict[str, str] | None = None,
+                 namespaces: list[str] | None = None) -> None:
         self.metrics_port, self.health_port = free_port(), free_port()
         self.log = log
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), **(extra_env or {})}
         self._log_file = log.open("ab")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "joblease", "--metrics-port", str(self.metrics_port),
-             "--health-addr", f"127.0.0.1:{self.health_port}"],
+             "--health-addr", f"127.0.0.1:{self.health_port}",
+             *(f"--namespace={ns}" for ns in namespaces or [])],
             env=env, stdout=self._log_file, stderr=subprocess.STDOUT)
         self.wait_healthy()
 
@@ -119,9 +120,12 @@ def start_operator(cluster: object, jl_crd: str, tmp_path: Path
     """Start operator processes for this test; all are stopped afterwards."""
     started: list[OperatorProcess] = []
 
-    def start(user: str = "admin", extra_env: dict[str, str] | None = None) -> OperatorProcess:
+    def start(user: str = "admin", extra_env: dict[str, str] | None = None,
+              namespaces: list[str] | None = None) -> OperatorProcess:
+        """``namespaces``: watch only these (default: cluster-wide, like the chart)."""
         path = cluster.kubeconfig_for(user)  # type: ignore[attr-defined]
-        op = OperatorProcess(path, tmp_path / f"operator-{len(started)}.log", extra_env)
+        op = OperatorProcess(path, tmp_path / f"operator-{len(started)}.log", extra_env,
+                             namespaces)
         started.append(op)
         return op
 

@@ -55,7 +55,9 @@ def test_operator_initializes_and_marks_expired_within_a_second(
 
 def test_operator_writes_nothing_while_a_holder_renews(
         leases: LeaseClient, start_operator: Callable[..., Any]) -> None:
-    op = start_operator()
+    # Scoped to this test's namespace: the operator's counters are process-wide, and a
+    # cluster-wide operator would (rightly) expire leases that earlier tests left Held.
+    op = start_operator(namespaces=[leases.namespace])
     leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 3})
     wait_for(lambda: leases.get("job").has_status, 10, "initial status")
     before = op.metrics()
