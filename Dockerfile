@@ -16,11 +16,16 @@ WORKDIR /src
 # Only what the package needs: metadata, the pins, and the source. constraints.txt pins
 # every transitive dependency, the same pins the tests ran with.
 COPY pyproject.toml constraints.txt ./
-COPY operator/ ./operator/
+# The dependencies first, installed through an empty stand-in package, so that a change to
+# the source reuses this layer (the slow part) and rebuilds only the next one.
 # setuptools/wheel pinned for the build itself; no build isolation so no unpinned fetch.
-RUN python -m venv /opt/joblease \
+RUN mkdir -p operator/joblease && touch operator/joblease/__init__.py \
+ && python -m venv /opt/joblease \
  && /opt/joblease/bin/pip install setuptools==80.9.0 wheel==0.45.1 \
- && /opt/joblease/bin/pip install --no-build-isolation -c constraints.txt '.[postgres]' \
+ && /opt/joblease/bin/pip install --no-build-isolation -c constraints.txt '.[postgres]'
+COPY operator/ ./operator/
+RUN /opt/joblease/bin/pip install --no-build-isolation --no-deps --force-reinstall \
+      -c constraints.txt . \
  && /opt/joblease/bin/pip uninstall -y setuptools wheel pip
 
 FROM ${PYTHON_IMAGE}

@@ -91,3 +91,25 @@ def test_admission_and_worker_role_can_be_turned_off() -> None:
     kinds = render("admission.enabled=false", "worker.createRole=false", "metrics.enabled=false")
     assert not [k for k in kinds if "Admission" in k or k.endswith("-worker")
                 or k.startswith("Service/")]
+
+
+def test_exec_probes_open_no_port_and_run_the_packaged_probe() -> None:
+    """For replicas on one host network: no healthz port, probes read the heartbeat file."""
+    from joblease.controller.heartbeat import PROBE_SOURCE
+    deploy = render("hostNetwork=true", "replicaCount=2", "probe.mode=exec",
+                    "metrics.enabled=false")["Deployment/jl-joblease-operator"]
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert "ports" not in container
+    assert "--health-addr=" in container["args"]
+    assert "--health-file=/tmp/joblease-alive" in container["args"]
+    liveness = container["livenessProbe"]["exec"]["command"]
+    readiness = container["readinessProbe"]["exec"]["command"]
+    assert liveness == ["python", "-I", "-c", PROBE_SOURCE, "/tmp/joblease-alive", "30"]
+    assert readiness == ["python", "-I", "-c", PROBE_SOURCE, "/tmp/joblease-alive", "10"]
+
+
+def test_replicas_on_a_host_network_with_ports_are_refused_with_the_fix() -> None:
+    out = helm(None, "template", "jl", str(CHART), "--set", "hostNetwork=true",
+               "--set", "replicaCount=2", check=False)
+    assert out.returncode != 0
+    assert "needs probe.mode=exec and metrics.enabled=false" in out.stderr, out.stderr

@@ -469,3 +469,65 @@ def test_helm_upgrade_rolls_the_pod_and_uninstall_keeps_crd_and_leases(
     assert nc.lease(ns, "survivor").get("phase") == "Available"
     listed = nc.kubectl("auth", "can-i", "list", "pods", f"--as={SA_USER}")
     assert listed.stdout.strip() == "no"  # the ClusterRoleBinding went with the release
+
+
+def test_two_operator_replicas_survive_a_killed_pod(release: Release, node_ns: str,
+                                                    tmp_path: Path) -> None:
+    """``replicaCount: 2`` on the host network; one pod is killed mid-run; nothing is lost.
+
+    Both replicas share the node's network, so the chart's port-free mode is used
+    (``probe.mode=exec``: heartbeat-file probes; ``metrics.enabled=false``). A recorded
+    workload of claims, fenced writes, renewals and releases runs throughout, and the
+    fault suite's checker judges it; every lease left Held must still be marked Expired by
+    the surviving replica (no transition lost), and a lease created after the kill must be
+    initialized. Cluster admins (``system:masters``) are exempted from the holder-only
+    policy here, because the workload's holders are names, not identities.
+    """
+    from ha.scenarios import Workload  # the HA suite's recorded workload and checker
+    nc, rel, ns = release.nc, release, node_ns
+    rel.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", "--timeout", "60s",
+             check=False)  # the previous test uninstalls; this keeps the test independent
+    wait_for(lambda: not rel.pods(), 60, "no operator pod left")
+    api_port = int(nc.cluster.server.rsplit(":", 1)[1])
+    values = _values(api_port, rel.health_port, rel.metrics_port, replicaCount=2,
+                     probe={"mode": "exec"}, admission={"exemptGroups": ["system:masters"]})
+    values["metrics"] = {"enabled": False}
+    path = nc.cluster.dir / "values-ha.yaml"
+    path.write_text(yaml.safe_dump(values))
+    began = time.monotonic()
+    rel.helm("install", RELEASE, str(CHART), "-n", RELEASE_NS, "--create-namespace",
+             "-f", str(path))
+    try:
+        wait_for(lambda: len(rel.ready_pods()) == 2, READY_TIMEOUT, "two operator pods Ready")
+        rel.figures["ha_install_to_two_ready_seconds"] = time.monotonic() - began
+        workload = Workload(nc.cluster.kubeconfig, ns, tmp_path / "run", leases=3, workers=4,
+                            duration=2, seed=secrets.randbelow(1 << 20)).start()
+        try:
+            time.sleep(6)
+            victim = rel.ready_pods()[0]["metadata"]["name"]
+            out = nc.kubectl("delete", "pod", victim, "-n", RELEASE_NS, "--grace-period=0",
+                             "--force")
+            assert out.returncode == 0, out.stderr
+            _new_lease(nc, ns, "after-kill")
+            wait_for(lambda: nc.lease(ns, "after-kill").get("phase") == "Available", 10,
+                     "the surviving replica to initialize a new lease")
+            time.sleep(6)
+        finally:
+            workload.stop()
+        # Leases left Held when the workers stopped must be expired by a replica.
+        wait_for(lambda: all(nc.lease(ns, name).get("phase") != "Held"
+                             for name in workload.names()),
+                 workload.duration + 10, "every abandoned lease marked Expired")
+        violations, ops = workload.judge()
+        assert violations == [], [str(v) for v in violations]
+        assert workload.stats["claims"] >= 6, workload.stats
+        wait_for(lambda: len(rel.ready_pods()) == 2, READY_TIMEOUT,
+                 "the Deployment back at two Ready pods")
+        rel.figures.update(ha_claims=workload.stats["claims"], ha_operations=ops)
+        ready = rel.figures["ha_install_to_two_ready_seconds"]
+        print(f"\noperator HA: 2 replicas Ready {ready:.1f}s after install; killed {victim}; "
+              f"claims={workload.stats['claims']} "
+              f"unknown={workload.stats['unknown']} operations={ops} violations=0")
+    finally:
+        rel.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", "--timeout", "60s",
+                 check=False)

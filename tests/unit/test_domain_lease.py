@@ -200,3 +200,26 @@ def test_status_roundtrip_and_token_order() -> None:
     assert FencingToken.parse("4711/7") == FencingToken(4711, 7)
     with pytest.raises(ValueError, match="EPOCH/GENERATION"):
         FencingToken.parse("7")
+
+
+def test_a_renewal_patch_carries_only_the_two_timestamps() -> None:
+    o = obs(LeaseStatus())
+    o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
+    renewed = decide_renew(o, "a", 1, at(10), MARGIN).status
+    assert sorted(renewed.changes_since(o.status)) == ["leaseUntil", "renewTime"]
+
+
+def test_a_minimal_patch_merged_onto_the_old_status_gives_the_new_one() -> None:
+    """What the API server does with the patch (RFC 7386 merge; null removes)."""
+    o = obs(LeaseStatus())
+    steps = [lambda s: decide_claim(s, "a", at(0), MARGIN),
+             lambda s: decide_renew(s, "a", 1, at(5), MARGIN),
+             lambda s: decide_release(s, "a", 1, at(6), MARGIN),
+             lambda s: decide_claim(s, "b", at(7), MARGIN),
+             lambda s: decide_complete(s, "b", 2, "done", at(8), MARGIN)]
+    for step in steps:
+        new = step(o).status
+        stored = {**o.status.to_dict(), **new.changes_since(o.status)}
+        merged = {k: v for k, v in stored.items() if v is not None}
+        assert LeaseStatus.from_dict(merged) == new
+        o = roundtrip(o, new)

@@ -59,3 +59,23 @@ system:serviceaccount:{{ .Release.Namespace }}:{{ include "joblease-operator.ser
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 {{- end }}
+
+{{/* Where the operator touches its heartbeat with probe.mode "exec" (the memory /tmp). */}}
+{{- define "joblease-operator.heartbeatFile" -}}
+/tmp/joblease-alive
+{{- end }}
+
+{{/* The heartbeat check: joblease.controller.heartbeat.PROBE_SOURCE, verbatim (a test
+     compares them). It imports nothing of joblease, so a probe costs ~20 ms. */}}
+{{- define "joblease-operator.heartbeatSource" -}}
+import os,sys,time
+try: age=time.time()-os.stat(sys.argv[1]).st_mtime
+except OSError as e: sys.exit(f'no heartbeat: {e}')
+sys.exit(f'heartbeat {age:.1f}s old (max {sys.argv[2]}s)' if age>float(sys.argv[2]) else 0)
+{{- end }}
+
+{{/* An exec probe command: (list $root maxAgeSeconds) → a JSON list. */}}
+{{- define "joblease-operator.heartbeatProbe" -}}
+{{- $root := index . 0 -}}
+{{- toJson (list "python" "-I" "-c" (include "joblease-operator.heartbeatSource" $root) (include "joblease-operator.heartbeatFile" $root) (toString (index . 1))) }}
+{{- end }}

@@ -18,6 +18,8 @@ from typing import Any
 import kopf
 
 from joblease.controller import metrics
+from joblease.controller.events import EventPoster
+from joblease.controller.heartbeat import Heartbeat
 from joblease.controller.pods import Delegator, PodView
 from joblease.controller.reconciler import LeaseView, Reconciler, observed_transition
 from joblease.domain.lease import Observed
@@ -28,6 +30,7 @@ from joblease.kube.pods import LEASE_LABEL, PodInfo, PodStore
 log = logging.getLogger("joblease.operator")
 VIEW = LeaseView()
 PODS = PodView()
+HEARTBEAT = Heartbeat(None)  # set by ``main.run`` from ``--health-file``
 
 
 def margin_from_env() -> timedelta:
@@ -45,11 +48,13 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     error = await asyncio.to_thread(api.calibrate)
     log.info("server clock estimated to ±%.1f ms", error * 1000)
     margin = margin_from_env() + timedelta(seconds=error)
-    reconciler = Reconciler(LeaseStore(api), VIEW, margin)
+    events = EventPoster(LeaseStore(api))
+    memo["events"] = events
+    reconciler = Reconciler(LeaseStore(api), VIEW, margin, events=events)
     delegator = Delegator(LeaseStore(api), PodStore(api), VIEW, PODS, margin,
                           announce=reconciler.announce)
     memo["reconciler"] = reconciler
-    memo["loop_task"] = asyncio.create_task(_loop(reconciler.pass_once),
+    memo["loop_task"] = asyncio.create_task(_loop(reconciler.pass_once, HEARTBEAT.beat),
                                             name="joblease-reconcile")
     memo["pods_task"] = asyncio.create_task(_loop(delegator.pass_once),
                                             name="joblease-delegate")
@@ -64,6 +69,9 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    events: EventPoster | None = memo.get("events")
+    if events is not None:
+        await asyncio.to_thread(events.close)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -99,10 +107,12 @@ def on_pod_event(event: kopf.RawEvent, **_: Any) -> None:
         PODS.put(pod)
 
 
-async def _loop(pass_once: Callable[[], float]) -> None:
+async def _loop(pass_once: Callable[[], float],
+                after_pass: Callable[[], None] = lambda: None) -> None:
     while True:
         try:
             wait = await asyncio.to_thread(pass_once)
+            after_pass()
         except Exception:  # keep the loop alive; the next pass retries
             log.exception("pass %s failed", getattr(pass_once, "__qualname__", pass_once))
             wait = 1.0

@@ -15,3 +15,5 @@ CONFLICTS = Counter("joblease_operator_conflicts_total",
 EXPIRY_LAG = Histogram("joblease_expiry_lag_seconds",
                        "Server time from leaseUntil to the operator marking the lease Expired",
                        buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30))
+EVENTS_DROPPED = Counter("joblease_operator_events_dropped_total",
+                         "Kubernetes Events not posted because the posting queue was full")

@@ -13,6 +13,7 @@ import threading
 from datetime import timedelta
 
 from joblease.controller import metrics
+from joblease.controller.events import EventPoster
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError
 from joblease.domain.lease import (
@@ -70,8 +71,9 @@ class Reconciler:
     """Performs due transitions over a ``LeaseView``."""
 
     def __init__(self, store: LeaseStore, view: LeaseView, margin: timedelta,
-                 post_events: bool = True) -> None:
+                 post_events: bool = True, events: EventPoster | None = None) -> None:
         self.store, self.view, self.margin, self.post_events = store, view, margin, post_events
+        self.events = events  # None: post inline (tests, tools); the operator queues them
 
     def pass_once(self) -> float:
         """Visit every lease once; return seconds until the next transition may be due."""
@@ -141,6 +143,9 @@ class Reconciler:
         if not self.post_events or reason is None:
             return
         type_ = "Warning" if transition.kind in ("expired", "failed") else "Normal"
+        if self.events is not None:
+            self.events.post(obs, type_, reason, transition.message)
+            return
         try:
             self.store.post_event(obs, type_, reason, transition.message)
         except ApiError as err:

@@ -152,6 +152,17 @@ class LeaseStatus:
             "conditions": list(self.conditions),
         }
 
+    def changes_since(self, old: LeaseStatus) -> dict[str, Any]:
+        """The fields of :meth:`to_dict` that differ from ``old``'s: a minimal merge patch.
+
+        Why: a renewal then sends two timestamps instead of the whole status (the renew
+        benchmark's distance from a bare write was mostly payload). Equivalent to sending
+        the whole status only as a compare-and-swap from the very version ``old`` was read
+        from, because then the server merges onto exactly ``old`` (``LeaseStore`` does so).
+        """
+        before = old.to_dict()
+        return {key: value for key, value in self.to_dict().items() if before[key] != value}
+
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> LeaseStatus:
         """Parse ``status`` (missing or empty means a new, Available lease)."""

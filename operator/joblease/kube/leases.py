@@ -60,10 +60,12 @@ class LeaseStore:
         """Write ``status`` only if the object is still at ``observed.resource_version``.
 
         A merge patch carrying ``metadata.resourceVersion`` is a compare-and-swap: the API
-        server answers 409 (``ConflictError``) if anyone wrote in between.
+        server answers 409 (``ConflictError``) if anyone wrote in between. Because it can
+        only apply to ``observed`` itself, it carries only the fields that change.
         """
-        patch = {"metadata": {"resourceVersion": observed.resource_version},
-                 "status": status.to_dict()}
+        changes = (status.changes_since(observed.status) if observed.has_status
+                   else status.to_dict())
+        patch = {"metadata": {"resourceVersion": observed.resource_version}, "status": changes}
         path = lease_path(observed.namespace, observed.name, "status")
         body = self.api.request("PATCH", path, patch, content_type=MERGE_PATCH).body
         return Observed.from_object(body)
