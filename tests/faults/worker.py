@@ -19,6 +19,7 @@ here) makes the probe's completion a raw status write without the holder/generat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -30,6 +31,7 @@ from typing import Any
 import psycopg
 
 from joblease.domain.errors import (
+    LeaseError,
     LeaseExpiredError,
     LeaseFinishedError,
     LeaseHeldError,
@@ -163,7 +165,7 @@ class Worker:
         say("claimed", generation=lease.generation, lease_until=ms(lease.lease_until))
         if self.args.no_renew:
             return self.one_shot(lease)
-        holding = Holding(lease)
+        holding = RecordedHolding(lease, self)
         ended = time.monotonic() + self.args.work
         with holding:
             try:
@@ -251,6 +253,28 @@ class Worker:
                 say("release-failed", error=type(err).__name__)
         say("done", won=won)
         return 0
+
+
+class RecordedHolding(Holding):
+    """``Holding`` whose release on exit is recorded like every other operation.
+
+    Why: ``Holding`` releases the lease when the body ends without completing it (here:
+    a completion that met a 503 while kube-apiserver restarted). Unrecorded, that release
+    left the checker believing the old generation was valid until its ``leaseUntil``, so
+    the next holder's legitimate claim showed up as an ``overlap`` (found by the 200-run
+    soak of 2026-12-03; Porcupine, which does not model time, agreed the history was fine).
+    """
+
+    def __init__(self, lease: Lease, worker: Worker) -> None:
+        super().__init__(lease)
+        self.worker = worker
+
+    def _finish(self, failed: bool) -> None:
+        if self.completed or self.error is not None:
+            return
+        with contextlib.suppress(LeaseError, ApiError):
+            self.worker.held_op(self.lease, "release",
+                                lambda: self.lease.release(failed=failed))
 
 
 def main(argv: list[str] | None = None) -> int:
