@@ -23,7 +23,8 @@ binaries: setup ## build (or reuse) the control plane, kwok, helm, and the real 
 	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
 	  kubelet containerd containerd-shim-runc-v2 ctr buildkitd buildctl
 
-demo: binaries ## the A/B fencing demo on the embedded local control plane
+demo: setup ## the A/B fencing demo on the embedded local control plane
+	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl
 	$(BIN)/joblease demo
 
 test: binaries ## lint, types, and every test (unit + real control plane + PostgreSQL)
