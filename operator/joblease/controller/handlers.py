@@ -38,6 +38,11 @@ def margin_from_env() -> timedelta:
     return timedelta(seconds=float(os.environ.get("JOBLEASE_MARGIN_SECONDS", "0.25")))
 
 
+def writers_from_env() -> int:
+    """Threads writing one pass's due transitions (``JOBLEASE_OPERATOR_WRITERS``, default 4)."""
+    return max(1, int(os.environ.get("JOBLEASE_OPERATOR_WRITERS", "4")))
+
+
 @kopf.on.startup()
 async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Configure kopf to write nothing, calibrate the server clock, start the loop."""
@@ -50,7 +55,8 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     margin = margin_from_env() + timedelta(seconds=error)
     events = EventPoster(LeaseStore(api))
     memo["events"] = events
-    reconciler = Reconciler(LeaseStore(api), VIEW, margin, events=events)
+    reconciler = Reconciler(LeaseStore(api), VIEW, margin, events=events,
+                            writers=writers_from_env())
     delegator = Delegator(LeaseStore(api), PodStore(api), VIEW, PODS, margin,
                           announce=reconciler.announce)
     memo["reconciler"] = reconciler
@@ -69,6 +75,9 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+    reconciler: Reconciler | None = memo.get("reconciler")
+    if reconciler is not None:
+        await asyncio.to_thread(reconciler.close)
     events: EventPoster | None = memo.get("events")
     if events is not None:
         await asyncio.to_thread(events.close)

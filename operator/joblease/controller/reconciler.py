@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
+from functools import partial
 
 from joblease.controller import metrics
 from joblease.controller.events import EventPoster
@@ -71,36 +74,63 @@ class Reconciler:
     """Performs due transitions over a ``LeaseView``."""
 
     def __init__(self, store: LeaseStore, view: LeaseView, margin: timedelta,
-                 post_events: bool = True, events: EventPoster | None = None) -> None:
+                 post_events: bool = True, events: EventPoster | None = None,
+                 writers: int = 1) -> None:
         self.store, self.view, self.margin, self.post_events = store, view, margin, post_events
         self.events = events  # None: post inline (tests, tools); the operator queues them
+        # Due transitions of one pass are independent compare-and-swap writes on different
+        # objects, so a burst of expiries may be written by several threads at once.
+        self._pool = (ThreadPoolExecutor(writers, thread_name_prefix="joblease-write")
+                      if writers > 1 else None)
 
     def pass_once(self) -> float:
-        """Visit every lease once; return seconds until the next transition may be due."""
+        """Visit every lease once; return seconds until the next transition may be due.
+
+        1. Decide from the in-memory view which leases have a transition due now.
+        2. Perform those writes (each a compare-and-swap through ``transact``), on the
+           writer pool when there is more than one, and wait for all of them.
+        """
         now = self.store.api.server_now()
         wakeup = IDLE_WAKEUP
         counts = dict.fromkeys(Phase, 0)
+        due: list[Callable[[], None]] = []
         for obs in self.view.snapshot():
             counts[obs.status.phase] += 1
-            wakeup = min(wakeup, self._visit(obs, now))
+            wakeup = min(wakeup, self._visit(obs, now, due.append))
+        self._perform(due)
         for phase, count in counts.items():
             metrics.LEASES.labels(phase.value).set(count)
         return max(0.02, wakeup)
 
-    def _visit(self, obs: Observed, now: ServerNow) -> float:
+    def close(self) -> None:
+        """Stop the writer pool (after the writes in flight)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+
+    def _perform(self, due: list[Callable[[], None]]) -> None:
+        if self._pool is None or len(due) < 2:
+            for action in due:
+                action()
+            return
+        for future in [self._pool.submit(action) for action in due]:
+            future.result()
+
+    def _visit(self, obs: Observed, now: ServerNow,
+               schedule: Callable[[Callable[[], None]], None]) -> float:
         st = obs.status
         if not obs.has_status:
-            self._write(obs, lambda o, n: decide_initialize(o, n))
+            schedule(partial(self._write, obs, lambda o, n: decide_initialize(o, n)))
             return IDLE_WAKEUP
         if st.phase == Phase.HELD and st.lease_until is not None:
             due = (st.lease_until + self.margin - now.earliest).total_seconds()
             if due <= 0:
-                self._write(obs, lambda o, n: decide_expire(o, n, self.margin))
+                schedule(partial(self._write, obs,
+                                 lambda o, n: decide_expire(o, n, self.margin)))
                 return IDLE_WAKEUP
             return due
         if st.phase.finished and obs.spec.ttl_seconds_after_finished is not None:
             if ttl_expired(obs, now):
-                self._delete(obs)
+                schedule(partial(self._delete, obs))
                 return IDLE_WAKEUP
             if st.finish_time is not None:
                 ttl = timedelta(seconds=obs.spec.ttl_seconds_after_finished)

@@ -1,0 +1,76 @@
+"""The operator's pass: due transitions written once each, on the writer pool when enabled."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from joblease.controller.reconciler import LeaseView, Reconciler
+from joblease.domain.clock import ServerNow
+from joblease.domain.lease import LeaseSpec, LeaseStatus, Observed, Phase
+
+T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+
+
+class FakeApi:
+    """A fixed server time, 10 s after every lease below ended."""
+
+    def server_now(self) -> ServerNow:
+        at = T0 + timedelta(seconds=10)
+        return ServerNow(at, at)
+
+    def monotonic(self) -> float:
+        return 0.0
+
+
+class FakeStore:
+    """Stores versions in memory with compare-and-swap on resourceVersion (unit test only)."""
+
+    def __init__(self, leases: list[Observed]) -> None:
+        self.api = FakeApi()
+        self.objects = {o.name: o for o in leases}
+        self.writers: list[str] = []
+        self.lock = threading.Lock()
+
+    def get(self, namespace: str, name: str) -> Observed:
+        return self.objects[name]
+
+    def write_status(self, observed: Observed, status: LeaseStatus) -> Observed:
+        with self.lock:
+            current = self.objects[observed.name]
+            assert current.resource_version == observed.resource_version
+            new = replace(current, resource_version=str(int(current.resource_version) + 1),
+                          status=status)
+            self.objects[observed.name] = new
+            self.writers.append(threading.current_thread().name)
+            return new
+
+
+def held(name: str) -> Observed:
+    status = LeaseStatus(phase=Phase.HELD, holder="a", generation=1, epoch=1,
+                         acquire_time=T0, renew_time=T0, lease_until=T0 + timedelta(seconds=1))
+    return Observed("ns", name, f"uid-{name}", "5", 1, LeaseSpec(), status)
+
+
+@pytest.mark.parametrize("writers", [1, 4])
+def test_every_due_expiry_is_written_once(writers: int) -> None:
+    leases = [held(f"job-{i}") for i in range(12)]
+    store = FakeStore(leases)
+    view = LeaseView()
+    for obs in leases:
+        view.put(obs)
+    reconciler = Reconciler(store, view, timedelta(milliseconds=250),  # type: ignore[arg-type]
+                            post_events=False, writers=writers)
+    try:
+        reconciler.pass_once()
+    finally:
+        reconciler.close()
+    assert len(store.writers) == 12
+    assert all(o.status.phase is Phase.EXPIRED and o.resource_version == "6"
+               for o in store.objects.values())
+    assert {o.status.phase for o in view.snapshot()} == {Phase.EXPIRED}
+    on_pool = {name.startswith("joblease-write") for name in store.writers}
+    assert on_pool == {writers > 1}
