@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shutil
 import signal
 import sys
 import tempfile
@@ -111,8 +112,10 @@ def main(argv: list[str] | None = None) -> int:
              + (f", {plot}" if plot else " (no plot: matplotlib not installed; "
                 "pip install -e '.[bench]')"))
     if failed:
-        progress(f"sections that failed: {', '.join(failed)}")
-    return 1 if failed else 0
+        progress(f"sections that failed: {', '.join(failed)}; logs kept in {work}")
+        return 1
+    shutil.rmtree(work, ignore_errors=True)  # only the operator's log; nothing to keep
+    return 0
 
 
 def _run(section: str, cluster: LocalCluster, kubeconfig: str, namespace: str, sizes: Sizes,
