@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup binaries demo test unit lint bench soak clean-cache help sync-crds
+.PHONY: setup binaries control-plane demo test unit lint bench soak clean-cache help sync-crds
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -23,8 +23,10 @@ binaries: setup ## build (or reuse) the control plane, kwok, helm, and the real 
 	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
 	  kubelet containerd containerd-shim-runc-v2 ctr buildkitd buildctl
 
-demo: setup ## the A/B fencing demo on the embedded local control plane
+control-plane: setup ## build (or reuse) only etcd and the control plane (demo, bench)
 	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl
+
+demo: control-plane ## the A/B fencing demo on the embedded local control plane
 	$(BIN)/joblease demo
 
 test: binaries ## lint, types, and every test (unit + real control plane + PostgreSQL)
@@ -44,7 +46,7 @@ lint: setup
 soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 	$(BIN)/python -m tests.faults.soak --runs $${SOAK_RUNS:-200}
 
-bench: binaries ## benchmarks; prints a table, writes bench/results/
+bench: control-plane ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
 
