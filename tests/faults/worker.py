@@ -19,7 +19,6 @@ here) makes the probe's completion a raw status write without the holder/generat
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -31,7 +30,6 @@ from typing import Any
 import psycopg
 
 from joblease.domain.errors import (
-    LeaseError,
     LeaseExpiredError,
     LeaseFinishedError,
     LeaseHeldError,
@@ -269,12 +267,9 @@ class RecordedHolding(Holding):
         super().__init__(lease)
         self.worker = worker
 
-    def _finish(self, failed: bool) -> None:
-        if self.completed or self.error is not None:
-            return
-        with contextlib.suppress(LeaseError, ApiError):
-            self.worker.held_op(self.lease, "release",
-                                lambda: self.lease.release(failed=failed))
+    def _release_on_exit(self, failed: bool) -> None:
+        self.worker.held_op(self.lease, "release", lambda: super(
+            RecordedHolding, self)._release_on_exit(failed))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -63,7 +63,7 @@ def test_every_due_expiry_is_written_once(writers: int) -> None:
     for obs in leases:
         view.put(obs)
     reconciler = Reconciler(store, view, timedelta(milliseconds=250),  # type: ignore[arg-type]
-                            post_events=False, writers=writers)
+                            writers=writers)
     try:
         reconciler.pass_once()
     finally:

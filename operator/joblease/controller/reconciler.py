@@ -74,10 +74,9 @@ class Reconciler:
     """Performs due transitions over a ``LeaseView``."""
 
     def __init__(self, store: LeaseStore, view: LeaseView, margin: timedelta,
-                 post_events: bool = True, events: EventPoster | None = None,
-                 writers: int = 1) -> None:
-        self.store, self.view, self.margin, self.post_events = store, view, margin, post_events
-        self.events = events  # None: post inline (tests, tools); the operator queues them
+                 events: EventPoster | None = None, writers: int = 1) -> None:
+        self.store, self.view, self.margin = store, view, margin
+        self.events = events  # where Events go; None: post none
         # Due transitions of one pass are independent compare-and-swap writes on different
         # objects, so a burst of expiries may be written by several threads at once.
         self._pool = (ThreadPoolExecutor(writers, thread_name_prefix="joblease-write")
@@ -170,16 +169,10 @@ class Reconciler:
     def announce(self, obs: Observed, transition: Transition) -> None:
         """Post a Kubernetes Event for a transition (best effort: Events are not state)."""
         reason = EVENT_REASONS.get(transition.kind)
-        if not self.post_events or reason is None:
+        if self.events is None or reason is None:
             return
         type_ = "Warning" if transition.kind in ("expired", "failed") else "Normal"
-        if self.events is not None:
-            self.events.post(obs, type_, reason, transition.message)
-            return
-        try:
-            self.store.post_event(obs, type_, reason, transition.message)
-        except ApiError as err:
-            log.warning("could not post Event for %s/%s: %s", obs.namespace, obs.name, err)
+        self.events.post(obs, type_, reason, transition.message)
 
 
 def observed_transition(before: Observed | None, after: Observed) -> Transition | None:

@@ -155,10 +155,11 @@ class LeaseStatus:
     def changes_since(self, old: LeaseStatus) -> dict[str, Any]:
         """The fields of :meth:`to_dict` that differ from ``old``'s: a minimal merge patch.
 
-        Why: a renewal then sends two timestamps instead of the whole status (the renew
-        benchmark's distance from a bare write was mostly payload). Equivalent to sending
-        the whole status only as a compare-and-swap from the very version ``old`` was read
-        from, because then the server merges onto exactly ``old`` (``LeaseStore`` does so).
+        Why: a renewal then sends two timestamps instead of the whole status (less to send
+        and to parse; the renew benchmark showed the payload was not what bounded its
+        latency, see docs/benchmarks.md). Equivalent to sending the whole status only as a
+        compare-and-swap from the very version ``old`` was read from, because then the
+        server merges onto exactly ``old`` (``LeaseStore`` does so).
         """
         before = old.to_dict()
         return {key: value for key, value in self.to_dict().items() if before[key] != value}

@@ -57,7 +57,6 @@ class DateSkewProxy(LoopbackServer):
         self._client_ctx = ssl.create_default_context(cafile=str(ca_file))
         self._client_ctx.set_alpn_protocols(["http/1.1"])
 
-
     def _serve(self, raw: socket.socket) -> None:
         client: socket.socket | None = None
         upstream: socket.socket | None = None

@@ -91,8 +91,9 @@ class LoopbackServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _close_connections(self) -> None:
-        """Close what :meth:`stop` must close besides the listener (default: nothing)."""
+    def _close_connections(self) -> int:
+        """Close what :meth:`stop` must close besides the listener; return how many."""
+        return 0
 
     def _admit(self, client: socket.socket) -> bool:
         """Whether to serve an accepted connection (default: always)."""
@@ -143,21 +144,18 @@ class LoadBalancer(LoopbackServer):
     def partition(self) -> None:
         """Drop every relayed connection now and refuse new ones until :meth:`heal`."""
         self._partitioned.set()
-        with self._lock:
-            conns = list(self._conns)
-        for conn in conns:
-            _close(conn)
-        self.dropped += len(conns) // 2
+        self.dropped += self._close_connections() // 2  # two sockets per relayed connection
 
     def heal(self) -> None:
         """Relay new connections again."""
         self._partitioned.clear()
 
-    def _close_connections(self) -> None:
+    def _close_connections(self) -> int:
         with self._lock:
             conns = list(self._conns)
         for conn in conns:
             _close(conn)
+        return len(conns)
 
     def _admit(self, client: socket.socket) -> bool:
         if self._partitioned.is_set():
