@@ -54,7 +54,23 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _held(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", help="the JobLease (job id)")
     p.add_argument("--holder", required=True, help="identity that holds the lease")
-    p.add_argument("--generation", type=int, required=True, help="the token's generation")
+    p.add_argument("--token", type=_token, default=None, metavar="EPOCH/GENERATION",
+                   help="the fencing token printed by claim (or give --epoch and --generation)")
+    p.add_argument("--epoch", type=int, default=None, help="the token's epoch")
+    p.add_argument("--generation", type=int, default=None, help="the token's generation")
+    p.add_argument("--claim-id", default=None,
+                   help="the claim id printed by claim (recommended: tells apart holders "
+                        "that share a name)")
+    p.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                   help="how long to retry an API server that does not answer")
+
+
+def _token(text: str) -> Any:
+    from joblease.domain.token import FencingToken
+    try:
+        return FencingToken.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _register_lease_commands(sub: Any) -> None:
@@ -68,7 +84,7 @@ def _register_lease_commands(sub: Any) -> None:
                        help="wait up to SECONDS while someone else holds it")
     claim.set_defaults(func=_cmd_claim)
     for verb in ("renew", "complete", "release"):
-        p = sub.add_parser(verb, help=f"{verb} a JobLease you hold (needs holder + generation)")
+        p = sub.add_parser(verb, help=f"{verb} a JobLease you hold (needs holder + token)")
         _common(p)
         _held(p)
         if verb == "complete":
@@ -114,39 +130,57 @@ def _client(args: argparse.Namespace) -> Any:
 
 def _cmd_claim(args: argparse.Namespace) -> int:
     client = _client(args)
-    lease = (client.wait_claim(args.name, args.holder, timeout=args.wait) if args.wait
-             else client.claim(args.name, args.holder))
+    lease = client.wait_claim(args.name, args.holder, timeout=args.wait,
+                              retry_unavailable=max(args.wait, 10.0))
     _print(args, {"name": lease.name, "namespace": lease.namespace, "holder": lease.holder,
                   "generation": lease.token.generation, "epoch": lease.token.epoch,
-                  "token": str(lease.token),
+                  "token": str(lease.token), "claimId": lease.claim_id,
                   "leaseUntil": format_time(lease.lease_until) if lease.lease_until else None},
            f"claimed {lease.namespace}/{lease.name} for {lease.holder!r}: generation "
            f"{lease.token.generation} (token {lease.token}) until "
-           f"{format_time(lease.lease_until) if lease.lease_until else '?'}")
+           f"{format_time(lease.lease_until) if lease.lease_until else '?'}, claim id "
+           f"{lease.claim_id}")
     return EXIT_OK
 
 
 def _cmd_held(args: argparse.Namespace) -> int:
-    from joblease.domain.lease import decide_complete, decide_release, decide_renew
-    from joblease.kube.transact import transact
+    from joblease.domain.token import FencingToken
+    if args.token is None and (args.epoch is None or args.generation is None):
+        print(f"joblease {args.verb}: give the whole token: --token EPOCH/GENERATION (as "
+              "printed by claim), or --epoch and --generation; a generation alone could "
+              "match another incarnation of the JobLease", file=sys.stderr)
+        return EXIT_USAGE
+    token = args.token or FencingToken(args.epoch, args.generation)
     client = _client(args)
-    args.holder = client.resolve_holder(args.holder)
-    margin = client.margin()
-    if args.verb == "renew":
-        def decide(o: Observed, n: Any) -> Any:
-            return decide_renew(o, args.holder, args.generation, n, margin)
-    elif args.verb == "complete":
-        def decide(o: Observed, n: Any) -> Any:
-            return decide_complete(o, args.holder, args.generation, args.result, n, margin)
-    else:
-        def decide(o: Observed, n: Any) -> Any:
-            return decide_release(o, args.holder, args.generation, n, margin, args.failed)
-    outcome = transact(client.store, args.namespace, args.name, decide)
-    st = outcome.observed.status
-    _print(args, _status_dict(outcome.observed),
-           f"{args.verb} of {args.namespace}/{args.name} at generation {args.generation}: ok "
-           f"(phase {st.phase.value})")
+    lease = client.resume(args.name, args.holder, token, args.claim_id)
+    act = {"renew": lease.renew, "complete": lambda: lease.complete(args.result),
+           "release": lambda: lease.release(failed=args.failed)}[args.verb]
+    _retry_unavailable(act, args.timeout)
+    obs = client.get(args.name)
+    _print(args, _status_dict(obs),
+           f"{args.verb} of {args.namespace}/{args.name} with token {token}: ok "
+           f"(phase {obs.status.phase.value})")
     return EXIT_OK
+
+
+def _retry_unavailable(action: Any, seconds: float) -> None:
+    """Run ``action``, retrying while the API server does not answer.
+
+    Safe: every retry is decided again from a fresh read and recognises its own earlier
+    write (a completion whose answer was lost is reported done, not refused).
+    """
+    import time
+
+    from joblease.kube.api import UnavailableError
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            action()
+            return
+        except UnavailableError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
@@ -167,8 +201,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     client = _client(args)
-    lease = (client.wait_claim(args.lease, args.holder, timeout=args.wait) if args.wait
-             else client.claim(args.lease, args.holder))
+    lease = client.wait_claim(args.lease, args.holder, timeout=args.wait,
+                              retry_unavailable=max(args.wait, 10.0))
     print(f"joblease run: holding {lease.namespace}/{lease.name} as {lease.holder!r} at "
           f"generation {lease.token.generation}", file=sys.stderr, flush=True)
     result = run_under_lease(lease, command, grace=args.grace)

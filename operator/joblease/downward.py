@@ -123,32 +123,78 @@ def parse_annotations(text: str) -> dict[str, str]:
     return result
 
 
-def token_from_annotations(annotations: dict[str, str]) -> DelegatedToken | None:
-    """The delegated token the annotations carry, or None while the pod holds nothing."""
+def token_from_annotations(annotations: dict[str, str], pod_uid: str | None = None
+                           ) -> DelegatedToken | None:
+    """The delegated token the annotations carry, or None while the pod holds nothing.
+
+    With ``pod_uid`` a token is returned only if its holder names that uid
+    (``pod:<namespace>/<name>/<uid>``): a pod created from the holder's manifest (a copy
+    with the same annotations) or a stale file must never present another pod's token.
+
+    Raises:
+        DownwardFormatError: a token annotation is malformed (names the annotation).
+    """
     epoch, generation = annotations.get(PREFIX + "epoch"), annotations.get(PREFIX + "generation")
     if not epoch or not generation:
         return None
+    holder = annotations.get(PREFIX + "holder", "")
+    if pod_uid is not None and holder.rsplit("/", 1)[-1] != pod_uid:
+        return None
     until = annotations.get(PREFIX + "lease-until")
-    return DelegatedToken(FencingToken(int(epoch), int(generation)),
-                          annotations.get(PREFIX + "holder", ""),
-                          parse_time(until) if until else None)
+    try:
+        token = FencingToken(int(epoch), int(generation))
+        lease_until = parse_time(until) if until else None
+    except ValueError as err:
+        raise DownwardFormatError(f"malformed token annotations {PREFIX}epoch={epoch!r}, "
+                                  f"{PREFIX}generation={generation!r}, {PREFIX}lease-until="
+                                  f"{until!r}: {err}") from None
+    return DelegatedToken(token, holder, lease_until)
 
 
 class TokenFile:
     """The token in a downward API annotations file, re-read from the path on every call.
 
+    Only a token whose holder names *this* pod's uid is returned: the uid comes from
+    ``uid`` or from a downward API file with ``metadata.uid`` (default: ``uid`` beside the
+    annotations file), e.g. a second item of the same volume::
+
+            - path: uid
+              fieldRef: {fieldPath: metadata.uid}
+
     Args:
         path: The file (default ``/etc/joblease/annotations``).
         poll: Seconds between reads while waiting (the kubelet's own updates are far
             coarser, so polling costs nothing that matters).
+        uid: This pod's uid (default: read from ``uid_path``).
+        uid_path: The downward API file with ``metadata.uid``.
         monotonic, sleep: Injected for tests.
     """
 
-    def __init__(self, path: Path | str = DEFAULT_PATH, poll: float = 0.2,
+    def __init__(self, path: Path | str = DEFAULT_PATH, poll: float = 0.2, *,
+                 uid: str | None = None, uid_path: Path | str | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.path, self.poll = Path(path), poll
+        self.uid_path = Path(uid_path) if uid_path else self.path.parent / "uid"
+        self._uid = uid
         self._monotonic, self._sleep = monotonic, sleep
+
+    def pod_uid(self) -> str:
+        """This pod's uid (given, or read once from ``uid_path``).
+
+        Raises:
+            DownwardFormatError: neither given nor mounted: without it a copied pod could
+                present another pod's token.
+        """
+        if self._uid is None:
+            try:
+                self._uid = self.uid_path.read_text(encoding="utf-8").strip()
+            except FileNotFoundError:
+                raise DownwardFormatError(
+                    f"this pod's uid is unknown: mount metadata.uid at {self.uid_path} (a "
+                    "downward API item `path: uid, fieldRef: {fieldPath: metadata.uid}`) or "
+                    "pass uid=, so that a token meant for another pod is never used") from None
+        return self._uid
 
     def annotations(self) -> dict[str, str]:
         """All annotations now in the file (empty if the volume is not populated yet)."""
@@ -160,7 +206,7 @@ class TokenFile:
 
     def read(self) -> DelegatedToken | None:
         """The token now in the file, or None if the operator holds nothing for this pod."""
-        return token_from_annotations(self.annotations())
+        return token_from_annotations(self.annotations(), self.pod_uid())
 
     def wait(self, timeout: float) -> DelegatedToken:
         """Wait until a token appears; return it.

@@ -10,6 +10,7 @@ grace period. Exit 0 completes the lease; any other exit releases it as failed.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ from joblease.sdk.client import Lease
 from joblease.sdk.hold import Holding
 
 EXIT_LEASE_LOST = 4
+PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -50,39 +52,159 @@ def lease_environment(lease: Lease) -> dict[str, str]:
 
 
 class _StopChildOnLoss(Holding):
+    """A holding that stops the command's process group the moment the lease is lost."""
+
     def __init__(self, lease: Lease, grace: float) -> None:
-        super().__init__(lease)
+        # A lease that cannot be renewed is declared lost `grace` before its deadline (at
+        # most half of what is left), so SIGKILL lands by the deadline itself.
+        super().__init__(lease, stop_before=min(grace, max(0.0, lease.remaining()) / 2))
         self.grace = grace
         self.child: subprocess.Popen[bytes] | None = None
+        self.sentinel: Sentinel | None = None
+        self._child_lock = threading.Lock()
 
     def on_lost(self) -> None:
-        child = self.child
+        with self._child_lock:
+            child = self.child
         if child is None or child.poll() is not None:
-            return
+            return  # not started yet: run_under_lease checks the loss before starting it
         print(f"joblease run: lease {self.lease.name!r} lost ({self.error}); stopping the "
               f"command (pid {child.pid})", file=sys.stderr, flush=True)
         _signal_group(child, signal.SIGTERM)
         threading.Thread(target=self._kill_after_grace, args=(child,), daemon=True).start()
 
+    def start_child(self, command: list[str], env: dict[str, str]
+                    ) -> subprocess.Popen[bytes] | None:
+        """Start the command unless the lease is already lost (then return ``None``)."""
+        with self._child_lock:
+            if self.error is not None or not self.lease.valid():
+                return None
+            self.sentinel = Sentinel.start(self.lease.deadline, self.grace)
+            self.child = subprocess.Popen(command, env=env, start_new_session=True,
+                                          preexec_fn=_die_with_parent)
+            self.sentinel.watch(self.child.pid)
+        if self.error is not None:  # lost while starting: on_lost saw no child yet
+            _signal_group(self.child, signal.SIGKILL)
+        return self.child
+
     def _kill_after_grace(self, child: subprocess.Popen[bytes]) -> None:
         try:
-            child.wait(self.grace)
+            child.wait(max(0.0, min(self.grace, self.lease.remaining())))
         except subprocess.TimeoutExpired:
             _signal_group(child, signal.SIGKILL)
 
+    def on_renewed(self) -> None:
+        if self.sentinel is not None:
+            self.sentinel.extend(self.lease.deadline)
+
+
+class Sentinel:
+    """A tiny watcher process that kills the command's group if this runner cannot.
+
+    Why a process: if the runner is SIGKILLed (or OOM-killed) or paused, no thread of it
+    can stop the command, which runs in its own session. The sentinel reads deadlines
+    (local monotonic, shared by every process on the host) from a pipe: it kills the
+    group when the newest deadline passes, and stops it (SIGTERM, then SIGKILL by the
+    deadline) when the pipe closes without ``done`` — the runner died.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls, deadline: float, grace: float) -> Sentinel:
+        """Start the watcher (before the command, so no instant is left unwatched)."""
+        proc = subprocess.Popen([sys.executable, "-c", _SENTINEL_SOURCE, str(grace)],
+                                stdin=subprocess.PIPE, start_new_session=True)
+        sentinel = cls(proc)
+        sentinel._send(f"deadline {deadline!r}")
+        return sentinel
+
+    def watch(self, pgid: int) -> None:
+        """Tell the watcher which process group to kill."""
+        self._send(f"pgid {pgid}")
+
+    def extend(self, deadline: float) -> None:
+        """A renewal moved the deadline."""
+        self._send(f"deadline {deadline!r}")
+
+    def done(self) -> None:
+        """The command ended normally: the watcher exits without killing anything."""
+        self._send("done")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(5)
+
+    def _send(self, line: str) -> None:
+        with self._lock, contextlib.suppress(BrokenPipeError, ValueError, OSError):
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(line.encode() + b"\n")
+            self._proc.stdin.flush()
+
+
+_SENTINEL_SOURCE = r"""
+import os, select, signal, sys, time
+grace = float(sys.argv[1]); deadline = None; pgid = None; buf = b""
+def kill(sig):
+    if pgid is not None:
+        try: os.killpg(pgid, sig)
+        except ProcessLookupError: pass
+while True:
+    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+    ready, _, _ = select.select([0], [], [], wait)
+    if not ready:
+        kill(signal.SIGKILL); sys.exit(0)
+    chunk = os.read(0, 4096)
+    if not chunk:
+        kill(signal.SIGTERM)
+        end = time.monotonic() + grace
+        if deadline is not None: end = min(end, deadline)
+        while pgid is not None and time.monotonic() < end:
+            try: os.killpg(pgid, 0)
+            except ProcessLookupError: sys.exit(0)
+            time.sleep(0.05)
+        kill(signal.SIGKILL); sys.exit(0)
+    buf += chunk
+    while b"
+" in buf:
+        line, buf = buf.split(b"
+", 1)
+        word, _, value = line.decode().partition(" ")
+        if word == "done": sys.exit(0)
+        if word == "pgid": pgid = int(value)
+        if word == "deadline": deadline = float(value)
+"""
+
+
+def _die_with_parent() -> None:
+    """In the command's process: get SIGKILL when the runner's thread that started it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
 
 def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> RunResult:
-    """Run ``command`` while holding ``lease``; complete on exit 0, release otherwise."""
+    """Run ``command`` while holding ``lease``; complete on exit 0, release otherwise.
+
+    The command is stopped when the lease is lost, by the deadline at the latest — also if
+    this process is killed or paused (the sentinel does it then). It is never started if
+    the lease was already lost.
+    """
     holding = _StopChildOnLoss(lease, grace)
     env = {**os.environ, **lease_environment(lease)}
     with holding:
-        child = subprocess.Popen(command, env=env, start_new_session=True)
-        holding.child = child
+        child = holding.start_child(command, env)
+        if child is None:
+            print(f"joblease run: lease {lease.name!r} was lost before the command started "
+                  f"({holding.error}); not starting it", file=sys.stderr, flush=True)
+            return RunResult(EXIT_LEASE_LOST, True, False)
         forward = _forward_signals(child)
         try:
             code = child.wait()
         finally:
             forward()
+            if holding.sentinel is not None:
+                holding.sentinel.done()
         holding.failed = code != 0
         if holding.error is None and code == 0:
             try:

@@ -23,11 +23,17 @@ from kwok_support import (
     wait_for,
 )
 
-from joblease.domain.lease import decide_complete, decide_renew
+from joblease.domain.lease import Claim, Observed, decide_complete, decide_renew
+from joblease.domain.token import FencingToken
 from joblease.kube.api import ForbiddenError
 from joblease.kube.transact import transact
 from joblease.localcluster.cluster import LocalCluster
 from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
+
+
+def c(holder: str, o: Observed, generation: int) -> Claim:
+    """The claim a caller presents: its holder and the whole token (this incarnation's epoch)."""
+    return Claim(holder, FencingToken(o.status.epoch or 0, generation))
 
 
 def _lease(cluster: LocalCluster, ns: str, name: str, seconds: int = 30) -> None:
@@ -67,8 +73,8 @@ def test_non_holder_cannot_renew_or_complete(kwok_cluster: LocalCluster, kns: st
     _lease(kwok_cluster, kns, "job")
     lease = alice.claim("job", holder="alice")
     gen, margin = lease.generation, DEFAULT_MARGIN
-    for decide in (lambda o, n: decide_renew(o, "alice", gen, n, margin),
-                   lambda o, n: decide_complete(o, "alice", gen, "stolen", n, margin)):
+    for decide in (lambda o, n: decide_renew(o, c("alice", o, gen), n, margin),
+                   lambda o, n: decide_complete(o, c("alice", o, gen), "stolen", n, margin)):
         with pytest.raises(ForbiddenError) as denied:
             _as(bob, "job", decide)
         assert denied.value.status == 403
@@ -99,4 +105,4 @@ def test_takeover_after_expiry_raises_the_generation(kwok_cluster: LocalCluster,
     assert second.generation == first.generation + 1
     margin = DEFAULT_MARGIN
     with pytest.raises(ForbiddenError, match="Held by bob at generation 2, and you are alice"):
-        _as(clients["alice"], "job", lambda o, n: decide_renew(o, "bob", 2, n, margin))
+        _as(clients["alice"], "job", lambda o, n: decide_renew(o, c("bob", o, 2), n, margin))

@@ -72,7 +72,8 @@ def test_delegation_claims_renews_and_hands_over(kwok_cluster: LocalCluster, kns
                                                  operator_as_sa: OperatorRun) -> None:
     apply(kwok_cluster, {"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
                          "metadata": {"name": "work", "namespace": kns},
-                         "spec": {"leaseDurationSeconds": DURATION}})
+                         "spec": {"leaseDurationSeconds": DURATION,
+                                  "podDelegation": {"enabled": True}}})
     first = _pod(kwok_cluster, kns, "worker-a")
     wait_for(lambda: _held_by(kwok_cluster, kns, first, 1), 20, "worker-a to hold generation 1")
     ann = _annotations(kwok_cluster, kns, "worker-a")

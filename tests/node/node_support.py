@@ -126,7 +126,8 @@ def worker_pod(name: str, ns: str, args: list[str], *, lease: str | None = None,
         {"name": f"host{i}", "hostPath": {"path": str(p), "type": "Directory"}}
         for i, p in enumerate(mounts)]
     volumes.append({"name": "joblease", "downwardAPI": {"items": [
-        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}})
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}},
+        {"path": "uid", "fieldRef": {"fieldPath": "metadata.uid"}}]}})
     container: dict[str, Any] = {
         "name": "worker", "image": image, "imagePullPolicy": "Never",
         "command": command or [str(VENV_PYTHON), str(WORKER), *args],

@@ -62,7 +62,7 @@ def operator(node_cluster: NodeCluster, tmp_path: Path) -> Iterator[subprocess.P
 def _lease(nc: NodeCluster, ns: str, duration: int) -> None:
     nc.apply({"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
               "metadata": {"name": "work", "namespace": ns},
-              "spec": {"leaseDurationSeconds": duration}})
+              "spec": {"leaseDurationSeconds": duration, "podDelegation": {"enabled": True}}})
 
 
 def _start(nc: NodeCluster, ns: str, name: str, **kwargs: Any) -> tuple[str, float]:

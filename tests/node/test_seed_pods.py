@@ -62,7 +62,8 @@ def test_paused_pod_is_fenced_out(node_cluster: NodeCluster, node_ns: str,
                      "writer text, at timestamptz DEFAULT clock_timestamp())")
     nc.apply({"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
               "metadata": {"name": "seed", "namespace": ns},
-              "spec": {"leaseDurationSeconds": DURATION}})
+              "spec": {"leaseDurationSeconds": DURATION,
+                                  "podDelegation": {"enabled": True}}})
     kubeconfig = nc.cluster.kubeconfig_for("admin")
 
     def pod(name: str) -> dict[str, Any]:

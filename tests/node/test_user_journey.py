@@ -378,7 +378,7 @@ def _restore(nc: NodeCluster, original: dict[str, Any]) -> None:
 def _new_lease(nc: NodeCluster, ns: str, name: str) -> None:
     nc.apply({"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
               "metadata": {"name": name, "namespace": ns},
-              "spec": {"leaseDurationSeconds": 30}})
+              "spec": {"leaseDurationSeconds": 30, "podDelegation": {"enabled": True}}})
 
 
 def test_rbac_each_rule_is_needed_in_place(release: Release, node_ns: str) -> None:

@@ -10,6 +10,7 @@ import pytest
 from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import LeaseHeldError, StaleLeaseError
 from joblease.domain.lease import (
+    Claim,
     LeaseSpec,
     LeaseStatus,
     Observed,
@@ -17,6 +18,12 @@ from joblease.domain.lease import (
     decide_claim,
     decide_renew,
 )
+from joblease.domain.token import FencingToken
+
+
+def c(holder: str, o: Observed, generation: int) -> Claim:
+    """The claim a caller presents: its holder and the whole token (this incarnation's epoch)."""
+    return Claim(holder, FencingToken(o.status.epoch or 0, generation))
 
 
 def _sample(rng: random.Random, clock: ServerClock, local: float, offset: float) -> float:
@@ -117,7 +124,7 @@ def test_wrong_clock_may_move_expiry_but_never_reuses_a_generation(wrong_by: flo
     assert second.status.generation == first.status.generation + 1
     taken = _obs(second.status, 3)
     with pytest.raises(StaleLeaseError):
-        decide_renew(taken, "a", first.status.generation, honest, timedelta(0))
+        decide_renew(taken, c("a", taken, first.status.generation), honest, timedelta(0))
     assert taken.status.phase == Phase.HELD and taken.status.holder == "b"
 
 

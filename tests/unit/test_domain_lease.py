@@ -14,6 +14,7 @@ from joblease.domain.errors import (
     StaleLeaseError,
 )
 from joblease.domain.lease import (
+    Claim,
     LeaseSpec,
     LeaseStatus,
     Observed,
@@ -30,6 +31,11 @@ from joblease.domain.token import FencingToken
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 MARGIN = timedelta(milliseconds=250)
+
+
+def c(holder: str, o: Observed, generation: int) -> Claim:
+    """The claim a caller presents: its holder and the whole token (this incarnation's epoch)."""
+    return Claim(holder, FencingToken(o.status.epoch or 0, generation))
 
 
 def at(seconds: float, error: float = 0.0) -> ServerNow:
@@ -89,22 +95,22 @@ def test_every_claim_raises_generation_by_exactly_one_and_keeps_epoch() -> None:
 def test_renew_needs_holder_and_generation_and_extends() -> None:
     o = obs(LeaseStatus())
     o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
-    t = decide_renew(o, "a", 1, at(10), MARGIN)
+    t = decide_renew(o, c("a", o, 1), at(10), MARGIN)
     assert t.status.lease_until == T0 + timedelta(seconds=40)
     with pytest.raises(StaleLeaseError, match="current generation is 1"):
-        decide_renew(o, "a", 0, at(10), MARGIN)
+        decide_renew(o, c("a", o, 0), at(10), MARGIN)
     with pytest.raises(StaleLeaseError, match="held by 'a'"):
-        decide_renew(o, "b", 1, at(10), MARGIN)
+        decide_renew(o, c("b", o, 1), at(10), MARGIN)
 
 
 def test_renew_refused_once_expired_minus_margin_by_latest_estimate() -> None:
     o = obs(LeaseStatus())
     o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
     with pytest.raises(LeaseExpiredError):
-        decide_renew(o, "a", 1, at(29.9), MARGIN)
+        decide_renew(o, c("a", o, 1), at(29.9), MARGIN)
     with pytest.raises(LeaseExpiredError):
-        decide_renew(o, "a", 1, at(29.5, error=0.3), MARGIN)
-    decide_renew(o, "a", 1, at(29.5), MARGIN)
+        decide_renew(o, c("a", o, 1), at(29.5, error=0.3), MARGIN)
+    decide_renew(o, c("a", o, 1), at(29.5), MARGIN)
 
 
 def test_seed_example_stale_generation_seven_is_refused_after_eight() -> None:
@@ -112,19 +118,19 @@ def test_seed_example_stale_generation_seven_is_refused_after_eight() -> None:
     clock = 0.0
     for i in range(6):  # six earlier cycles
         o = roundtrip(o, decide_claim(o, f"w{i}", at(clock), MARGIN).status)
-        o = roundtrip(o, decide_release(o, f"w{i}", i + 1, at(clock + 1), MARGIN).status)
+        o = roundtrip(o, decide_release(o, c(f"w{i}", o, i + 1), at(clock + 1), MARGIN).status)
         clock += 2
     o = roundtrip(o, decide_claim(o, "A", at(clock), MARGIN).status)
     assert o.status.generation == 7
     clock += 6  # A pauses past its lease
     o = roundtrip(o, decide_claim(o, "B", at(clock), MARGIN).status)
     assert o.status.generation == 8
-    for attempt in (lambda: decide_renew(o, "A", 7, at(clock + 1), MARGIN),
-                    lambda: decide_complete(o, "A", 7, "late", at(clock + 1), MARGIN)):
+    for attempt in (lambda: decide_renew(o, c("A", o, 7), at(clock + 1), MARGIN),
+                    lambda: decide_complete(o, c("A", o, 7), "late", at(clock + 1), MARGIN)):
         with pytest.raises(StaleLeaseError) as err:
             attempt()
         assert "generation 7" in str(err.value) and "current generation is 8" in str(err.value)
-    done = decide_complete(o, "B", 8, "ok", at(clock + 1), MARGIN).status
+    done = decide_complete(o, c("B", o, 8), "ok", at(clock + 1), MARGIN).status
     assert done.phase is Phase.COMPLETED and done.completion is not None
     assert (done.completion.generation, done.completion.holder) == (8, "B")
 
@@ -132,7 +138,7 @@ def test_seed_example_stale_generation_seven_is_refused_after_eight() -> None:
 def test_completed_lease_is_never_claimed_again() -> None:
     o = obs(LeaseStatus())
     o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
-    o = roundtrip(o, decide_complete(o, "a", 1, "ok", at(1), MARGIN).status)
+    o = roundtrip(o, decide_complete(o, c("a", o, 1), "ok", at(1), MARGIN).status)
     with pytest.raises(LeaseFinishedError, match="Completed"):
         decide_claim(o, "b", at(1000), MARGIN)
     assert decide_expire(o, at(1000), MARGIN) is None
@@ -141,9 +147,9 @@ def test_completed_lease_is_never_claimed_again() -> None:
 def test_release_makes_available_and_only_failed_release_counts_an_attempt() -> None:
     o = obs(LeaseStatus())
     o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
-    plain = decide_release(o, "a", 1, at(1), MARGIN).status
+    plain = decide_release(o, c("a", o, 1), at(1), MARGIN).status
     assert (plain.phase, plain.holder, plain.attempts) == (Phase.AVAILABLE, None, 0)
-    failed = decide_release(o, "a", 1, at(1), MARGIN, failed=True).status
+    failed = decide_release(o, c("a", o, 1), at(1), MARGIN, failed=True).status
     assert failed.attempts == 1
 
 
@@ -176,7 +182,7 @@ def test_initialize_only_without_status_and_ttl_counts_from_finish() -> None:
     o = obs(LeaseStatus(), ttl_seconds_after_finished=60)
     o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
     assert not ttl_expired(o, at(100))
-    o = roundtrip(o, decide_complete(o, "a", 1, "", at(1), MARGIN).status)
+    o = roundtrip(o, decide_complete(o, c("a", o, 1), "", at(1), MARGIN).status)
     assert not ttl_expired(o, at(60.5))
     assert ttl_expired(o, at(61))
 
@@ -188,7 +194,7 @@ def test_conditions_are_metav1_shaped_and_transition_time_moves_only_on_flip() -
     assert held["Held"]["status"] == "True" and held["Finished"]["status"] == "False"
     assert set(held["Held"]) == {"type", "status", "reason", "message", "lastTransitionTime",
                                  "observedGeneration"}
-    renewed = decide_renew(o, "a", 1, at(5), MARGIN).status
+    renewed = decide_renew(o, c("a", o, 1), at(5), MARGIN).status
     assert renewed.conditions == o.status.conditions
 
 
@@ -205,7 +211,7 @@ def test_status_roundtrip_and_token_order() -> None:
 def test_a_renewal_patch_carries_only_the_two_timestamps() -> None:
     o = obs(LeaseStatus())
     o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
-    renewed = decide_renew(o, "a", 1, at(10), MARGIN).status
+    renewed = decide_renew(o, c("a", o, 1), at(10), MARGIN).status
     assert sorted(renewed.changes_since(o.status)) == ["leaseUntil", "renewTime"]
 
 
@@ -213,10 +219,10 @@ def test_a_minimal_patch_merged_onto_the_old_status_gives_the_new_one() -> None:
     """What the API server does with the patch (RFC 7386 merge; null removes)."""
     o = obs(LeaseStatus())
     steps = [lambda s: decide_claim(s, "a", at(0), MARGIN),
-             lambda s: decide_renew(s, "a", 1, at(5), MARGIN),
-             lambda s: decide_release(s, "a", 1, at(6), MARGIN),
+             lambda s: decide_renew(s, c("a", s, 1), at(5), MARGIN),
+             lambda s: decide_release(s, c("a", s, 1), at(6), MARGIN),
              lambda s: decide_claim(s, "b", at(7), MARGIN),
-             lambda s: decide_complete(s, "b", 2, "done", at(8), MARGIN)]
+             lambda s: decide_complete(s, c("b", s, 2), "done", at(8), MARGIN)]
     for step in steps:
         new = step(o).status
         stored = {**o.status.to_dict(), **new.changes_since(o.status)}

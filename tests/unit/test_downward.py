@@ -79,7 +79,7 @@ def test_parse_is_exactly_the_kubelet_format() -> None:
 
 
 def test_reads_through_the_data_symlink_and_sees_swaps(tmp_path: Path) -> None:
-    file = TokenFile(tmp_path / "annotations")
+    file = TokenFile(tmp_path / "annotations", uid="0d9c")
     assert file.read() is None  # volume not populated yet
     kubelet_write(tmp_path, {"other": "x"})
     assert file.read() is None  # populated, but the operator holds nothing for this pod
@@ -94,7 +94,7 @@ def test_reads_through_the_data_symlink_and_sees_swaps(tmp_path: Path) -> None:
 
 
 def test_wait_for_the_token_to_appear(tmp_path: Path) -> None:
-    file = TokenFile(tmp_path / "annotations", poll=0.02)
+    file = TokenFile(tmp_path / "annotations", poll=0.02, uid="0d9c")
     writer = threading.Timer(0.2, kubelet_write,
                              (tmp_path, token_annotations(9, 3, "2026-12-02T18:00:30.000Z")))
     writer.start()
@@ -103,11 +103,11 @@ def test_wait_for_the_token_to_appear(tmp_path: Path) -> None:
     finally:
         writer.cancel()
     with pytest.raises(TimeoutError, match="waiting for a token"):
-        TokenFile(tmp_path / "missing", poll=0.01).wait(timeout=0.05)
+        TokenFile(tmp_path / "missing", poll=0.01, uid="0d9c").wait(timeout=0.05)
 
 
 def test_a_renewal_is_not_a_change_but_a_takeover_is(tmp_path: Path) -> None:
-    file = TokenFile(tmp_path / "annotations", poll=0.02)
+    file = TokenFile(tmp_path / "annotations", poll=0.02, uid="0d9c")
     kubelet_write(tmp_path, token_annotations(9, 3, "2026-12-02T18:00:30.000Z"))
     held = file.read()
     kubelet_write(tmp_path, token_annotations(9, 3, "2026-12-02T18:00:40.000Z"))  # renewed
@@ -120,8 +120,31 @@ def test_a_renewal_is_not_a_change_but_a_takeover_is(tmp_path: Path) -> None:
 def test_the_token_goes_to_the_fencing_gate(tmp_path: Path) -> None:
     gate = TokenGate()
     kubelet_write(tmp_path, token_annotations(9, 4, "2026-12-02T18:00:30.000Z"))
-    newer = TokenFile(tmp_path / "annotations").read()
+    newer = TokenFile(tmp_path / "annotations", uid="0d9c").read()
     assert newer is not None
     gate.accept("report", newer.token)
     with pytest.raises(StaleTokenError):
         gate.accept("report", FencingToken(9, 3))  # a paused predecessor's late write
+
+
+def test_a_copied_pod_never_reads_another_pods_token(tmp_path: Path) -> None:
+    """Issue 14 item 8: a pod created from the holder's manifest carries the holder's
+    annotations; its reader must see no token, because the holder names another uid."""
+    kubelet_write(tmp_path, token_annotations(9, 4, "2026-12-02T18:00:30.000Z"))
+    assert TokenFile(tmp_path / "annotations", uid="0d9c").read() is not None
+    assert TokenFile(tmp_path / "annotations", uid="c10e").read() is None
+    (tmp_path / "uid").write_text("c10e")  # the downward API file of the copy
+    assert TokenFile(tmp_path / "annotations").read() is None
+
+
+def test_without_its_uid_a_reader_refuses_to_guess(tmp_path: Path) -> None:
+    kubelet_write(tmp_path, token_annotations(9, 4, "2026-12-02T18:00:30.000Z"))
+    with pytest.raises(DownwardFormatError, match="mount metadata.uid"):
+        TokenFile(tmp_path / "annotations").read()
+
+
+def test_malformed_token_annotations_name_the_problem(tmp_path: Path) -> None:
+    bad = {**token_annotations(9, 4, "2026-12-02T18:00:30.000Z"), "joblease.dev/epoch": "x9"}
+    kubelet_write(tmp_path, bad)
+    with pytest.raises(DownwardFormatError, match="joblease.dev/epoch='x9'"):
+        TokenFile(tmp_path / "annotations", uid="0d9c").read()

@@ -35,10 +35,11 @@ class FakeStore:
         self.writers: list[str] = []
         self.lock = threading.Lock()
 
-    def get(self, namespace: str, name: str) -> Observed:
+    def get(self, namespace: str, name: str, timeout: float = 10.0) -> Observed:
         return self.objects[name]
 
-    def write_status(self, observed: Observed, status: LeaseStatus) -> Observed:
+    def write_status(self, observed: Observed, status: LeaseStatus,
+                     timeout: float = 10.0) -> Observed:
         with self.lock:
             current = self.objects[observed.name]
             assert current.resource_version == observed.resource_version

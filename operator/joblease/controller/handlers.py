@@ -89,9 +89,16 @@ def on_lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     body: dict[str, Any] = dict(event.get("object") or {})
     if not body.get("metadata", {}).get("resourceVersion"):
         return
-    obs = Observed.from_object(body)
+    try:
+        obs = Observed.from_object(body)
+    except Exception as err:
+        meta = body.get("metadata", {})
+        metrics.OBJECT_ERRORS.labels("read").inc()
+        log.error("JobLease %s/%s: cannot read it (%s: %s); other leases are unaffected",
+                  meta.get("namespace"), meta.get("name"), type(err).__name__, err)
+        return
     if event.get("type") == "DELETED":
-        VIEW.drop(obs.namespace, obs.name)
+        VIEW.drop(obs.namespace, obs.name, obs.uid)
         return
     previous = VIEW.put(obs)
     transition = observed_transition(previous, obs)

@@ -17,3 +17,7 @@ EXPIRY_LAG = Histogram("joblease_expiry_lag_seconds",
                        buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30))
 EVENTS_DROPPED = Counter("joblease_operator_events_dropped_total",
                          "Kubernetes Events not posted because the posting queue was full")
+OBJECT_ERRORS = Counter("joblease_operator_object_errors_total",
+                        "Objects the operator could not process in a pass (logged, an Event "
+                        "posted; the other objects were still processed), by where",
+                        ["stage"])

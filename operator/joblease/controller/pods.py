@@ -1,16 +1,24 @@
 """Pod-delegated leases: the operator holds a JobLease on behalf of a labelled pod.
 
 A pod labelled ``joblease.dev/lease=<name>`` asks the operator to hold the JobLease
-``<name>`` in the pod's namespace for it. The pod needs no API credentials at all: it reads
-its token from a downward API volume (``joblease.downward``). For each lease:
+``<name>`` in the pod's namespace for it — only if the JobLease itself opted in with
+``spec.podDelegation.enabled`` (optionally only for pods running as
+``spec.podDelegation.serviceAccountName``). Without that opt-in anyone allowed to create a
+pod could make the operator, which is exempt from the holder-only policy, claim any lease
+for them (a confused deputy). The pod needs no API credentials at all: it reads its token
+from a downward API volume (``joblease.downward``). For each opted-in lease:
 
-1. If no pod holds it, claim it for one eligible pod (Ready, not being deleted; the oldest
-   first, then by name) as holder ``pod:<namespace>/<name>/<uid>``.
-2. While the holder pod stays eligible, renew whenever a third of the duration has passed.
-3. When the holder pod is not Ready or is being deleted, stop renewing and let the lease
-   expire: its process may still be running, and its ``lease-until`` annotation must stay
-   true. Only when the pod object is gone (a real kubelet removes it after its containers
-   stopped) is the lease released at once, so the next pod need not wait.
+1. If no pod holds it, claim it for one eligible pod (Ready, not being deleted, the right
+   ServiceAccount; the oldest first, then by name) as holder
+   ``pod:<namespace>/<name>/<uid>``; if the API server refuses one pod's claim, try the next.
+2. While the holder pod stays eligible, renew whenever a third of the duration has passed,
+   after reading the pod *now* (not from the watch) to check it still exists with that uid,
+   label and readiness.
+3. When the holder pod is not Ready, is being deleted or lost its label, stop renewing and
+   let the lease expire: its process may still be running, and its ``lease-until``
+   annotation must stay true. Only when the pod object is gone (a real kubelet removes it
+   after its containers stopped) is the lease released at once, so the next pod need not
+   wait.
 4. Mirror the token into annotations: the holder pod gets ``joblease.dev/holder``,
    ``epoch``, ``generation`` and ``lease-until``; every other labelled pod gets none.
 
@@ -27,24 +35,27 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import partial
 
 from joblease.controller import metrics
 from joblease.controller.reconciler import LeaseView
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError, format_time
 from joblease.domain.lease import (
+    Claim,
     Observed,
     Phase,
     Transition,
+    add_time,
     decide_claim,
     decide_release,
     decide_renew,
     is_expired,
 )
-from joblease.kube.api import ApiError
+from joblease.kube.api import ApiError, ForbiddenError, InvalidError
 from joblease.kube.leases import LeaseStore
 from joblease.kube.pods import TOKEN_ANNOTATIONS, PodInfo, PodStore
-from joblease.kube.transact import ContentionError, transact
+from joblease.kube.transact import transact
 
 log = logging.getLogger("joblease.operator.pods")
 HOLDER_PREFIX = "pod:"
@@ -56,11 +67,10 @@ Decide = Callable[[Observed, ServerNow], Transition | None]
 
 
 class PodView:
-    """Labelled pods seen on the watch, and the holders of pods seen deleted (thread-safe)."""
+    """Labelled pods seen on the watch (thread-safe)."""
 
     def __init__(self) -> None:
         self._pods: dict[tuple[str, str], PodInfo] = {}
-        self._gone: set[str] = set()
         self._lock = threading.Lock()
 
     def put(self, pod: PodInfo) -> None:
@@ -72,20 +82,11 @@ class PodView:
                 self._pods.pop((pod.namespace, pod.name), None)
 
     def drop(self, pod: PodInfo) -> None:
-        """Forget a deleted pod; remember its holder identity as gone."""
+        """Forget a deleted pod — only that very pod (``uid``), not a successor's namesake."""
         with self._lock:
-            self._pods.pop((pod.namespace, pod.name), None)
-            self._gone.add(pod.holder)
-
-    def is_gone(self, holder: str) -> bool:
-        """Whether the pod behind ``holder`` was seen deleted."""
-        with self._lock:
-            return holder in self._gone
-
-    def forget_gone(self, holder: str) -> None:
-        """Stop remembering a deleted pod once its lease moved on."""
-        with self._lock:
-            self._gone.discard(holder)
+            current = self._pods.get((pod.namespace, pod.name))
+            if current is not None and current.uid == pod.uid:
+                del self._pods[(pod.namespace, pod.name)]
 
     def by_lease(self) -> dict[tuple[str, str], list[PodInfo]]:
         """Pods grouped by (namespace, lease name)."""
@@ -95,6 +96,14 @@ class PodView:
         for pod in pods:
             groups.setdefault((pod.namespace, pod.lease), []).append(pod)
         return groups
+
+
+def holder_pod_name(holder: str) -> tuple[str, str, str] | None:
+    """``(namespace, name, uid)`` of a ``pod:<namespace>/<name>/<uid>`` holder, else None."""
+    if not holder.startswith(HOLDER_PREFIX):
+        return None
+    parts = holder.removeprefix(HOLDER_PREFIX).split("/")
+    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
 
 
 @dataclass
@@ -117,48 +126,70 @@ class Delegator:
                 continue  # not created yet, or the reconciler initializes it first
             try:
                 wakeup = min(wakeup, self._visit(obs, pods))
-            except (LeaseError, ContentionError, ApiError) as err:
+            except (LeaseError, ApiError) as err:
                 log.info("delegated JobLease %s/%s: %s", namespace, name, err)
+            except Exception as err:
+                metrics.OBJECT_ERRORS.labels("delegate").inc()
+                log.exception("delegated JobLease %s/%s failed: %s", namespace, name, err)
         return max(SOON, wakeup)
 
     def _visit(self, obs: Observed, pods: list[PodInfo]) -> float:
         st = obs.status
-        holder = next((p for p in pods if p.holder == st.holder), None)
-        delegated = st.phase == Phase.HELD and (st.holder or "").startswith(HOLDER_PREFIX)
-        if delegated and holder is not None and holder.eligible:
-            obs, wait = self._renew_if_due(obs, holder)
-        elif delegated and self.pod_view.is_gone(st.holder or ""):
-            obs, wait = self._release(obs), SOON
+        delegated = st.phase == Phase.HELD and holder_pod_name(st.holder or "") is not None
+        if delegated:
+            obs, wait = self._keep_or_let_go(obs)
+        elif not obs.spec.pod_delegation:
+            wait = IDLE_WAKEUP  # not opted in: labelled pods get nothing
         elif st.phase.finished or self._held_unexpired(obs):
-            wait = self._seconds_until_expiry(obs)  # someone else's, or not Ready: wait
+            wait = self._seconds_until_expiry(obs)  # someone else's: wait
         else:
             obs, wait = self._claim(obs, pods)
         self._mirror(obs, pods)
         return wait
 
-    def _claim(self, obs: Observed, pods: list[PodInfo]) -> tuple[Observed, float]:
-        eligible = sorted((p for p in pods if p.eligible), key=lambda p: (p.created, p.name))
-        if not eligible:
-            return obs, IDLE_WAKEUP
-        holder, margin = eligible[0].holder, self.margin
-        obs = self._write(obs, lambda o, n: decide_claim(o, holder, n, margin))
-        if obs.status.holder:
-            self.pod_view.forget_gone(obs.status.holder)
-        return obs, self._seconds_until_renewal(obs)
-
-    def _renew_if_due(self, obs: Observed, pod: PodInfo) -> tuple[Observed, float]:
+    def _keep_or_let_go(self, obs: Observed) -> tuple[Observed, float]:
+        """The lease is held for a pod: renew it if due and the pod still qualifies."""
         wait = self._seconds_until_renewal(obs)
         if wait > 0:
             return obs, wait
-        generation, margin = obs.status.generation, self.margin
-        obs = self._write(obs, lambda o, n: decide_renew(o, pod.holder, generation, n, margin))
-        return obs, self._seconds_until_renewal(obs)
+        holder = obs.status.holder or ""
+        namespace, name, uid = holder_pod_name(holder) or ("", "", "")
+        pod = self.pods.get(namespace, name)
+        if pod is None or pod.uid != uid:
+            return self._release(obs), SOON  # the pod object is gone: hand over now
+        if (pod.eligible and pod.lease == obs.name and obs.spec.pod_delegation
+                and self._allowed(obs, pod)):
+            claim = Claim(holder, obs.status.token(), obs.status.claim_id)
+            margin = self.margin
+            obs = self._write(obs, lambda o, n: decide_renew(o, claim, n, margin))
+            return obs, self._seconds_until_renewal(obs)
+        return obs, self._seconds_until_expiry(obs)  # may still run: let it expire
+
+    def _claim(self, obs: Observed, pods: list[PodInfo]) -> tuple[Observed, float]:
+        eligible = sorted((p for p in pods if p.eligible and self._allowed(obs, p)),
+                          key=lambda p: (p.created, p.name))
+        margin = self.margin
+        for pod in eligible:
+            claim_id = f"pod-{pod.uid}-{obs.status.generation + 1}"
+            try:
+                obs = self._write(obs, partial(_decide_claim, holder=pod.holder,
+                                               margin=margin, claim_id=claim_id))
+            except (InvalidError, ForbiddenError) as err:
+                log.warning("delegated JobLease %s/%s: claim for pod %s refused, trying the "
+                            "next pod: %s", obs.namespace, obs.name, pod.name, err)
+                continue
+            return obs, self._seconds_until_renewal(obs)
+        return obs, IDLE_WAKEUP
+
+    @staticmethod
+    def _allowed(obs: Observed, pod: PodInfo) -> bool:
+        wanted = obs.spec.delegation_service_account
+        return wanted is None or pod.service_account == wanted
 
     def _release(self, obs: Observed) -> Observed:
-        holder, generation, margin = obs.status.holder or "", obs.status.generation, self.margin
-        obs = self._write(obs, lambda o, n: decide_release(o, holder, generation, n, margin))
-        self.pod_view.forget_gone(holder)
-        return obs
+        st, margin = obs.status, self.margin
+        claim = Claim(st.holder or "", st.token(), st.claim_id)
+        return self._write(obs, lambda o, n: decide_release(o, claim, n, margin))
 
     def _write(self, obs: Observed, decide: Decide) -> Observed:
         outcome = transact(self.leases, obs.namespace, obs.name, decide, observed=obs)
@@ -181,14 +212,14 @@ class Delegator:
         st = obs.status
         if st.lease_until is None or st.phase != Phase.HELD:
             return IDLE_WAKEUP
-        renew_at = st.lease_until - obs.spec.duration * (1 - RENEW_FRACTION)
+        renew_at = add_time(st.lease_until, -obs.spec.duration * (1 - RENEW_FRACTION))
         return (renew_at - self.leases.api.server_now().latest).total_seconds()
 
     def _seconds_until_expiry(self, obs: Observed) -> float:
         until = obs.status.lease_until
         if until is None or obs.status.phase != Phase.HELD:
             return IDLE_WAKEUP
-        due = until + self.margin - self.leases.api.server_now().earliest
+        due = add_time(until, self.margin) - self.leases.api.server_now().earliest
         return max(SOON, due.total_seconds())
 
     def _mirror(self, obs: Observed, pods: list[PodInfo]) -> None:
@@ -198,6 +229,11 @@ class Delegator:
             if wanted != have and not pod.terminating:
                 self.pods.annotate(pod, wanted)
                 self.pod_view.put(_with_annotations(pod, wanted))
+
+
+def _decide_claim(obs: Observed, now: ServerNow, *, holder: str, margin: timedelta,
+                  claim_id: str) -> Transition | None:
+    return decide_claim(obs, holder, now, margin, claim_id)
 
 
 def token_annotations(obs: Observed, pod: PodInfo) -> dict[str, str | None]:

@@ -18,11 +18,12 @@ from functools import partial
 from joblease.controller import metrics
 from joblease.controller.events import EventPoster
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import LeaseError
+from joblease.domain.errors import LeaseError, LeaseNotFoundError
 from joblease.domain.lease import (
     Observed,
     Phase,
     Transition,
+    add_time,
     decide_expire,
     decide_initialize,
     ttl_expired,
@@ -59,10 +60,16 @@ class LeaseView:
         with self._lock:
             return self._leases.get((namespace, name))
 
-    def drop(self, namespace: str, name: str) -> None:
-        """Forget a deleted lease."""
+    def drop(self, namespace: str, name: str, uid: str) -> None:
+        """Forget a deleted lease — only if the view still holds that very object (``uid``).
+
+        Why the uid: a late DELETED event of an old incarnation must not remove the
+        re-created object of the same name from the view (it would never expire).
+        """
         with self._lock:
-            self._leases.pop((namespace, name), None)
+            current = self._leases.get((namespace, name))
+            if current is not None and current.uid == uid:
+                del self._leases[(namespace, name)]
 
     def snapshot(self) -> list[Observed]:
         """A copy of every known lease."""
@@ -95,7 +102,10 @@ class Reconciler:
         due: list[Callable[[], None]] = []
         for obs in self.view.snapshot():
             counts[obs.status.phase] += 1
-            wakeup = min(wakeup, self._visit(obs, now, due.append))
+            try:
+                wakeup = min(wakeup, self._visit(obs, now, due.append))
+            except Exception as err:
+                self.object_failed(obs, "decide", err)
         self._perform(due)
         for phase, count in counts.items():
             metrics.LEASES.labels(phase.value).set(count)
@@ -114,6 +124,20 @@ class Reconciler:
         for future in [self._pool.submit(action) for action in due]:
             future.result()
 
+    def object_failed(self, obs: Observed, stage: str, err: BaseException) -> None:
+        """Isolate a failure to its object: log it, count it, tell the object's owner.
+
+        The pass goes on with every other object, and the next pass tries this one again.
+        """
+        metrics.OBJECT_ERRORS.labels(stage).inc()
+        log.error("JobLease %s/%s: could not %s it (%s: %s); other leases are unaffected",
+                  obs.namespace, obs.name, stage, type(err).__name__, err,
+                  exc_info=not isinstance(err, (LeaseError, ApiError)))
+        if self.events is not None:
+            self.events.post(obs, "Warning", "ProcessingFailed",
+                             f"the operator could not {stage} this JobLease: "
+                             f"{type(err).__name__}: {err}")
+
     def _visit(self, obs: Observed, now: ServerNow,
                schedule: Callable[[Callable[[], None]], None]) -> float:
         st = obs.status
@@ -121,7 +145,7 @@ class Reconciler:
             schedule(partial(self._write, obs, lambda o, n: decide_initialize(o, n)))
             return IDLE_WAKEUP
         if st.phase == Phase.HELD and st.lease_until is not None:
-            due = (st.lease_until + self.margin - now.earliest).total_seconds()
+            due = (add_time(st.lease_until, self.margin) - now.earliest).total_seconds()
             if due <= 0:
                 schedule(partial(self._write, obs,
                                  lambda o, n: decide_expire(o, n, self.margin)))
@@ -133,15 +157,21 @@ class Reconciler:
                 return IDLE_WAKEUP
             if st.finish_time is not None:
                 ttl = timedelta(seconds=obs.spec.ttl_seconds_after_finished)
-                return (st.finish_time + ttl - now.earliest).total_seconds()
+                return (add_time(st.finish_time, ttl) - now.earliest).total_seconds()
         return IDLE_WAKEUP
 
     def _write(self, obs: Observed, decide: object) -> None:
         try:
             outcome = transact(self.store, obs.namespace, obs.name, decide,  # type: ignore[arg-type]
                                observed=obs)
+        except LeaseNotFoundError:
+            self.view.drop(obs.namespace, obs.name, obs.uid)  # deleted during a watch gap
+            return
         except (LeaseError, ContentionError, ApiError) as err:
             log.warning("JobLease %s/%s: %s", obs.namespace, obs.name, err)
+            return
+        except Exception as err:
+            self.object_failed(obs, "write", err)
             return
         if outcome.transition is None:
             return
@@ -161,8 +191,11 @@ class Reconciler:
         except ApiError as err:  # 409: changed meanwhile; the next pass decides again
             log.info("JobLease %s/%s: TTL delete skipped: %s", obs.namespace, obs.name, err)
             return
+        except Exception as err:
+            self.object_failed(obs, "delete", err)
+            return
         metrics.OPERATOR_WRITES.labels("deleted").inc()
-        self.view.drop(obs.namespace, obs.name)
+        self.view.drop(obs.namespace, obs.name, obs.uid)
         log.info("JobLease %s/%s: deleted %ss after it finished", obs.namespace, obs.name,
                  obs.spec.ttl_seconds_after_finished)
 

@@ -176,11 +176,26 @@ class ServerClock:
 
         The holder uses this to stop on time: it must assume the server reaches a lease's
         end as early as the estimate allows, so the fastest remembered clock (plus the
-        allowance for unobserved servers) decides.
+        allowance for unobserved servers) decides, and that clock is assumed to gain
+        ``drift`` on ours for every second after its last observation — the same widening
+        :meth:`now` applies. Without the drift term a one-day lease's holder could stop
+        8.6 s after the server passed its end (issue 14, item 6).
+
+        For one track observed at ``anchor`` with upper offset bound ``high``, the server's
+        latest possible time at local ``t >= anchor`` is ``t + high + drift * (t - anchor)``;
+        solving for the instant it reaches ``when`` gives the formula below.
         """
         if not self._tracks:
             raise RuntimeError("the server clock is unknown until a response has been observed")
-        return when.timestamp() - (max(t.high for t in self._tracks) + self.max_skew)
+        target = when.timestamp() - self.max_skew
+        return min(self._earliest_local(t, target) for t in self._tracks)
+
+    def _earliest_local(self, track: _Track, target: float) -> float:
+        after = (target - track.high + self.drift * track.anchor) / (1 + self.drift)
+        if after >= track.anchor:
+            return after
+        # Reached before the last observation: there the bound widens towards the past.
+        return (target - track.high - self.drift * track.anchor) / (1 - self.drift)
 
     def _live(self, monotonic: float) -> list[_Track]:
         # The most recently seen clock always counts; others while seen within track_ttl.

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from joblease.domain.token import FencingToken
+
 
 class LeaseError(Exception):
     """Base of every joblease protocol error."""
@@ -53,19 +55,29 @@ class LeaseLostError(LeaseError):
 
 
 class StaleLeaseError(LeaseLostError):
-    """The caller's (holder, generation) is not the current one."""
+    """The caller's claim (holder, token ``epoch/generation``, claim id) is not the current one."""
 
-    def __init__(self, name: str, holder: str, generation: int, current_holder: str | None,
-                 current_generation: int, phase: str) -> None:
+    def __init__(self, name: str, holder: str, token: FencingToken,
+                 current_holder: str | None, current_token: FencingToken, phase: str) -> None:
         now_held = f"held by {current_holder!r}" if current_holder else "not held"
         super().__init__(
             name,
-            f"stale lease token for {name!r}: {holder!r} presented generation {generation}, "
-            f"but the current generation is {current_generation} ({now_held}, phase {phase})",
+            f"stale lease token for {name!r}: {holder!r} presented generation "
+            f"{token.generation} (token {token}), but the current generation is "
+            f"{current_token.generation} (token {current_token}, {now_held}, phase {phase})",
         )
-        self.holder, self.generation = holder, generation
-        self.current_holder, self.current_generation, self.phase = (
-            current_holder, current_generation, phase)
+        self.holder, self.token, self.generation = holder, token, token.generation
+        self.current_holder, self.current_token, self.phase = (
+            current_holder, current_token, phase)
+        self.current_generation = current_token.generation
+
+
+class LeaseGoneError(LeaseLostError):
+    """The JobLease the caller held was deleted, or re-created under the same name."""
+
+    def __init__(self, name: str, namespace: str, detail: str) -> None:
+        super().__init__(name, f"JobLease {namespace}/{name} held by this caller is gone: "
+                               f"{detail}")
 
 
 class LeaseExpiredError(LeaseLostError):
@@ -89,4 +101,5 @@ class LeaseNotFoundError(LeaseError):
 
 def format_time(when: datetime) -> str:
     """Format a time the way the JobLease status stores it (RFC 3339, ms, UTC)."""
-    return when.strftime("%Y-%m-%dT%H:%M:%S.") + f"{when.microsecond // 1000:03d}Z"
+    return (f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:"
+            f"{when.minute:02d}:{when.second:02d}.{when.microsecond // 1000:03d}Z")

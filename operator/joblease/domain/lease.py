@@ -11,14 +11,26 @@ What it guarantees
   never repeats, also across deletion and re-creation of a JobLease; the API server itself
   refuses a status write that lowers the generation or changes the holder without raising it
   by exactly one (CEL rules in the CRD).
-* **Renew, complete and release need the current token.** They succeed only while holder *and*
-  generation match; otherwise ``StaleLeaseError`` names the current holder and generation.
+* **Renew, complete and release need the current claim.** They succeed only while the holder,
+  the whole token ``(epoch, generation)`` and, when the caller knows it, the claim id match;
+  otherwise ``StaleLeaseError`` names the current holder and token. Holders that share a
+  name (replicas of one ServiceAccount) therefore never act on each other's claims, and a
+  token of a deleted incarnation never matches its successor's.
+* **A retry recognises its own write.** A claim carries a random ``claimId``; when a
+  response is lost and the claim is retried with the same id, the retry adopts the claim
+  it already made instead of being refused by it. A completion or release whose response
+  was lost is recognised the same way, so the retry reports success.
 * **Expiry is judged on the API server's clock**, estimated with an error bound
   (``joblease.domain.clock``), never on a worker's wall clock. A claim over an unexpired
   holder waits until the *earliest* possible server time has passed ``leaseUntil`` plus the
   safety margin; the holder treats its lease as lost ``margin`` before ``leaseUntil`` counted
-  on its own monotonic clock from when it *sent* the write. With ``margin`` at least the
-  clock estimate's error, the two windows never overlap.
+  on its own monotonic clock from when it *sent* the write, assuming its clock runs slow by
+  the drift bound for the whole lease (``ServerClock.monotonic_at``). With ``margin`` at least
+  the clock estimate's error, the two windows never overlap; docs/safety.md states the
+  assumptions with their numbers.
+* **Hostile timestamps are tolerated.** Every time field is parsed by :func:`parse_time`,
+  which accepts everything RFC 3339 allows and clamps what Python cannot represent, so no
+  stored value can make a decision raise (the CRD also bounds them).
 * **Completed stays completed.** A completed lease is never claimed again, and its completion
   record is immutable.
 
@@ -37,8 +49,9 @@ Everything here is pure: the caller passes the observed object and the server ti
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -78,6 +91,8 @@ class LeaseSpec:
     lease_duration_seconds: int = DEFAULT_DURATION_SECONDS
     ttl_seconds_after_finished: int | None = None
     max_attempts: int | None = None
+    pod_delegation: bool = False
+    delegation_service_account: str | None = None
 
     @property
     def duration(self) -> timedelta:
@@ -88,10 +103,13 @@ class LeaseSpec:
     def from_dict(cls, spec: dict[str, Any] | None) -> LeaseSpec:
         """Read ``spec`` as stored by the API server (defaults already applied there)."""
         spec = spec or {}
+        delegation = spec.get("podDelegation") or {}
         return cls(
             lease_duration_seconds=int(spec.get("leaseDurationSeconds", DEFAULT_DURATION_SECONDS)),
             ttl_seconds_after_finished=_opt_int(spec.get("ttlSecondsAfterFinished")),
             max_attempts=_opt_int(spec.get("maxAttempts")),
+            pod_delegation=bool(delegation.get("enabled", False)),
+            delegation_service_account=delegation.get("serviceAccountName") or None,
         )
 
 
@@ -131,6 +149,7 @@ class LeaseStatus:
     finish_time: datetime | None = None
     completion: Completion | None = None
     conditions: tuple[dict[str, Any], ...] = field(default=())
+    claim_id: str | None = None
 
     def token(self) -> FencingToken:
         """The current fencing token."""
@@ -150,6 +169,7 @@ class LeaseStatus:
             "finishTime": _fmt(self.finish_time),
             "completion": self.completion.to_dict() if self.completion else None,
             "conditions": list(self.conditions),
+            "claimId": self.claim_id,
         }
 
     def changes_since(self, old: LeaseStatus) -> dict[str, Any]:
@@ -180,6 +200,7 @@ class LeaseStatus:
             finish_time=_opt_time(data.get("finishTime")),
             completion=Completion.from_dict(data["completion"]) if data.get("completion") else None,
             conditions=tuple(data.get("conditions") or ()),
+            claim_id=data.get("claimId") or None,
         )
 
 
@@ -221,22 +242,43 @@ class Transition:
 
 # --- decisions -------------------------------------------------------------------------------
 
-def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta) -> Transition:
-    """Decide a claim by ``holder``.
+@dataclass(frozen=True)
+class Claim:
+    """Who presents a held lease: the holder, the whole token and (if known) the claim id.
 
-    1. A finished lease (Completed, Failed) is never claimed again.
-    2. A lease held by anyone (the caller included) may be taken over only once the
+    Why all three: a holder name may be shared (replicas of one ServiceAccount under the
+    holder-only policy), a generation restarts at 1 in a re-created JobLease, and an epoch
+    is chosen by the first claimer. Only together do they name one claim; the claim id,
+    random per claim, also names it when everything else were forged or reused.
+    """
+
+    holder: str
+    token: FencingToken
+    claim_id: str | None = None
+
+
+def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
+                 claim_id: str | None = None) -> Transition | None:
+    """Decide a claim by ``holder``; ``None`` means "already ours: adopt it".
+
+    1. A lease Held under ``claim_id`` is this caller's own earlier claim whose response was
+       lost: adopt it (nothing to write) instead of refusing ourselves.
+    2. A finished lease (Completed, Failed) is never claimed again.
+    3. A lease held by anyone (the caller included) may be taken over only once the
        *earliest* possible server time is past ``leaseUntil + margin``.
-    3. A takeover of a lease that expired while held counts the lost attempt; if that
+    4. A takeover of a lease that expired while held counts the lost attempt; if that
        exhausts ``maxAttempts`` the lease becomes Failed instead of being claimed.
-    4. Otherwise the caller becomes the holder at ``generation + 1``; the first claim of an
-       incarnation records its epoch (the resourceVersion it was decided from).
+    5. Otherwise the caller becomes the holder at ``generation + 1`` under ``claim_id``; the
+       first claim of an incarnation records its epoch (the resourceVersion it was decided
+       from) unless the operator already did.
 
     Raises:
-        LeaseFinishedError: step 1.
-        LeaseHeldError: step 2.
+        LeaseFinishedError: step 2.
+        LeaseHeldError: step 3.
     """
     st = obs.status
+    if claim_id and st.phase == Phase.HELD and st.claim_id == claim_id and st.holder == holder:
+        return None
     if st.phase.finished:
         raise LeaseFinishedError(obs.name, st.phase.value, st.generation)
     attempts = st.attempts
@@ -250,66 +292,76 @@ def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta) 
     at = now.midpoint
     status = replace(
         st, phase=Phase.HELD, holder=holder, generation=st.generation + 1,
-        epoch=st.epoch if st.epoch is not None else int(obs.resource_version),
-        acquire_time=at, renew_time=at, lease_until=at + obs.spec.duration, attempts=attempts,
+        epoch=st.epoch if st.epoch is not None else epoch_of(obs),
+        acquire_time=at, renew_time=at, lease_until=add_time(at, obs.spec.duration),
+        attempts=attempts, claim_id=claim_id,
     )
     message = f"claimed by {holder!r} at generation {status.generation}"
     return Transition("claimed", _conditions(status, obs, at, "Claimed", message), message)
 
 
-def decide_renew(obs: Observed, holder: str, generation: int, now: ServerNow,
-                 margin: timedelta) -> Transition:
-    """Decide a renewal: same holder, same generation, not yet expired; extends the lease.
+def decide_renew(obs: Observed, claim: Claim, now: ServerNow, margin: timedelta) -> Transition:
+    """Decide a renewal: the same claim, not yet expired; extends the lease.
 
     Raises:
-        StaleLeaseError: holder or generation no longer current (or the lease is finished).
+        StaleLeaseError: the claim is no longer current (or the lease is finished).
         LeaseExpiredError: still current, but expired (minus ``margin``) on the server's clock.
     """
-    st = _require_current(obs, holder, generation, now, margin)
+    st = _require_current(obs, claim, now, margin)
     at = now.midpoint
-    status = replace(st, renew_time=at, lease_until=at + obs.spec.duration)
-    return Transition("renewed", status, f"renewed by {holder!r} at generation {generation}")
+    status = replace(st, renew_time=at, lease_until=add_time(at, obs.spec.duration))
+    return Transition("renewed", status,
+                      f"renewed by {claim.holder!r} at generation {claim.token.generation}")
 
 
-def decide_complete(obs: Observed, holder: str, generation: int, result: str, now: ServerNow,
-                    margin: timedelta) -> Transition:
+def decide_complete(obs: Observed, claim: Claim, result: str, now: ServerNow,
+                    margin: timedelta) -> Transition | None:
     """Decide a completion: like renew, then the lease is Completed forever.
 
+    ``None``: this very claim's completion is already recorded (a retry after a lost
+    response), so there is nothing to write and the caller has succeeded.
+
     Raises:
-        StaleLeaseError: holder or generation no longer current.
+        StaleLeaseError: the claim is no longer current.
         LeaseExpiredError: the lease expired before the completion could be recorded.
     """
-    st = _require_current(obs, holder, generation, now, margin)
+    if _completed_by(obs, claim):
+        return None
+    st = _require_current(obs, claim, now, margin)
     at = now.midpoint
-    record = Completion(generation, holder, at, result[:MAX_RESULT_LENGTH])
+    record = Completion(claim.token.generation, claim.holder, at, result[:MAX_RESULT_LENGTH])
     status = replace(st, phase=Phase.COMPLETED, lease_until=None, finish_time=at,
                      completion=record)
-    message = f"completed by {holder!r} at generation {generation}"
+    message = f"completed by {claim.holder!r} at generation {claim.token.generation}"
     return Transition("completed", _conditions(status, obs, at, "Completed", message), message)
 
 
-def decide_release(obs: Observed, holder: str, generation: int, now: ServerNow,
-                   margin: timedelta, failed: bool = False) -> Transition:
+def decide_release(obs: Observed, claim: Claim, now: ServerNow, margin: timedelta,
+                   failed: bool = False) -> Transition | None:
     """Decide a release: the holder gives the lease up before it expires.
 
     A plain release does not count as an attempt (the worker stopped cleanly before doing
-    the work); ``failed=True`` does, and may exhaust ``maxAttempts``.
+    the work); ``failed=True`` does, and may exhaust ``maxAttempts``. ``None``: this claim's
+    release is already recorded (a retry after a lost response).
 
     Raises:
-        StaleLeaseError: holder or generation no longer current.
+        StaleLeaseError: the claim is no longer current.
         LeaseExpiredError: the lease already expired.
     """
-    st = _require_current(obs, holder, generation, now, margin)
+    if _released_by(obs, claim):
+        return None
+    st = _require_current(obs, claim, now, margin)
     attempts = st.attempts + (1 if failed else 0)
     at = now.midpoint
+    gen = claim.token.generation
     if obs.spec.max_attempts is not None and attempts >= obs.spec.max_attempts:
         return _fail(obs, replace(st, attempts=attempts), now,
-                     f"{holder!r} released generation {generation} as failed; {attempts} "
+                     f"{claim.holder!r} released generation {gen} as failed; {attempts} "
                      f"attempts used of maxAttempts {obs.spec.max_attempts}")
     status = replace(st, phase=Phase.AVAILABLE, holder=None, lease_until=None,
                      attempts=attempts)
     how = "as failed " if failed else ""
-    message = f"released {how}by {holder!r} at generation {generation}"
+    message = f"released {how}by {claim.holder!r} at generation {gen}"
     return Transition("released", _conditions(status, obs, at, "Released", message), message)
 
 
@@ -336,10 +388,15 @@ def decide_expire(obs: Observed, now: ServerNow, margin: timedelta) -> Transitio
 
 
 def decide_initialize(obs: Observed, now: ServerNow) -> Transition | None:
-    """Give a new JobLease (no status yet) its first status: Available, generation 0."""
+    """Give a new JobLease (no status yet) its first status: Available, generation 0.
+
+    The operator records the epoch here, from the version it read, so that no claimer gets
+    to choose it (the holder-only admission policy also checks a first epoch against the
+    stored resourceVersion).
+    """
     if obs.has_status:
         return None
-    status = LeaseStatus()
+    status = LeaseStatus(epoch=epoch_of(obs))
     message = "created; available to claim"
     return Transition("initialized",
                       _conditions(status, obs, now.midpoint, "Created", message), message)
@@ -350,25 +407,62 @@ def ttl_expired(obs: Observed, now: ServerNow) -> bool:
     ttl, st = obs.spec.ttl_seconds_after_finished, obs.status
     if ttl is None or not st.phase.finished or st.finish_time is None:
         return False
-    return now.earliest >= st.finish_time + timedelta(seconds=ttl)
+    return now.earliest >= add_time(st.finish_time, timedelta(seconds=ttl))
 
 
 def is_expired(lease_until: datetime | None, now: ServerNow, margin: timedelta) -> bool:
     """True once the server's time is *certainly* past ``leaseUntil + margin``."""
-    return lease_until is None or now.earliest >= lease_until + margin
+    return lease_until is None or now.earliest >= add_time(lease_until, margin)
 
 
 # --- helpers ---------------------------------------------------------------------------------
 
-def _require_current(obs: Observed, holder: str, generation: int, now: ServerNow,
-                     margin: timedelta) -> LeaseStatus:
+def _require_current(obs: Observed, claim: Claim, now: ServerNow, margin: timedelta
+                     ) -> LeaseStatus:
     st = obs.status
-    if st.phase != Phase.HELD or st.holder != holder or st.generation != generation:
-        raise StaleLeaseError(obs.name, holder, generation, st.holder, st.generation,
+    if not _is_current(st, claim):
+        raise StaleLeaseError(obs.name, claim.holder, claim.token, st.holder, st.token(),
                               st.phase.value)
-    if st.lease_until is None or now.latest > st.lease_until - margin:
-        raise LeaseExpiredError(obs.name, holder, generation, st.lease_until)
+    if st.lease_until is None or now.latest > add_time(st.lease_until, -margin):
+        raise LeaseExpiredError(obs.name, claim.holder, claim.token.generation, st.lease_until)
     return st
+
+
+def _is_current(st: LeaseStatus, claim: Claim) -> bool:
+    return (st.phase == Phase.HELD and _same_claim(st, claim))
+
+
+def _same_claim(st: LeaseStatus, claim: Claim) -> bool:
+    return (st.holder == claim.holder and st.token() == claim.token
+            and (claim.claim_id is None or st.claim_id == claim.claim_id))
+
+
+def _completed_by(obs: Observed, claim: Claim) -> bool:
+    st, record = obs.status, obs.status.completion
+    return (st.phase == Phase.COMPLETED and record is not None
+            and record.holder == claim.holder and record.generation == claim.token.generation
+            and st.token() == claim.token
+            and (claim.claim_id is None or st.claim_id == claim.claim_id))
+
+
+def _released_by(obs: Observed, claim: Claim) -> bool:
+    """This claim's release landed: no holder, same token and claim id.
+
+    Never inferred without a claim id: without it any release of this generation would match.
+    """
+    st = obs.status
+    return (claim.claim_id is not None and st.claim_id == claim.claim_id
+            and st.token() == claim.token
+            and (st.phase == Phase.AVAILABLE
+                 or (st.phase == Phase.FAILED and st.holder == claim.holder)))
+
+
+def epoch_of(obs: Observed) -> int:
+    """The epoch a first claim (or the operator's initialization) records: the version read."""
+    try:
+        return int(obs.resource_version)
+    except ValueError:
+        return 0
 
 
 def _fail(obs: Observed, st: LeaseStatus, now: ServerNow, why: str) -> Transition:
@@ -404,9 +498,63 @@ def set_condition(conditions: tuple[dict[str, Any], ...], type_: str, status: bo
     return (*(c for c in conditions if c.get("type") != type_), new)
 
 
+# RFC 3339 as kube-openapi's strfmt accepts it for ``format: date-time``: any year 0000-9999,
+# ``T``/``t`` (or a space), fractional seconds of any length, ``Z``/``z`` or an offset.
+_RFC3339 = re.compile(
+    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
+    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))")
+# Every stored time is clamped into this window, so that adding any duration the protocol
+# uses (a lease of at most a day, a TTL of at most a year, margins) can never overflow.
+EARLIEST_TIME = datetime(2, 1, 1, tzinfo=UTC)
+LATEST_TIME = datetime(9998, 1, 1, tzinfo=UTC)
+
+
 def parse_time(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp as stored in the status (``Z`` or an offset)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+    """Parse an RFC 3339 timestamp as the API server stores it; never raises for a valid one.
+
+    Why not ``datetime.fromisoformat``: the API server accepts what Python does not (year
+    0000, a lowercase ``z``, nanoseconds, a second of 60, offsets that push the instant
+    past year 9999), and one such value written by any client must not stop the operator
+    or a worker. Out-of-range instants are clamped to ``[EARLIEST_TIME, LATEST_TIME]``.
+
+    Raises:
+        ValueError: ``text`` is not an RFC 3339 timestamp at all (the schema forbids it).
+    """
+    match = _RFC3339.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
+    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
+    fraction, zulu, sign, off_h, off_m = match.groups()[6:]
+    micros = int((fraction or "0")[:6].ljust(6, "0"))
+    offset = 0 if zulu else (int(off_h) * 60 + int(off_m)) * (1 if sign == "+" else -1)
+    if year < EARLIEST_TIME.year:
+        return EARLIEST_TIME
+    try:
+        local = datetime(year, month, day, hour, minute, min(second, 59), micros)
+    except ValueError as err:
+        raise ValueError(f"not a valid date and time: {text!r} ({err})") from None
+    return clamp_time(_shift_saturating(local, -offset))
+
+
+def _shift_saturating(local: datetime, minutes: int) -> datetime:
+    try:
+        return local.replace(tzinfo=UTC) + timedelta(minutes=minutes)
+    except OverflowError:
+        return LATEST_TIME if minutes > 0 else EARLIEST_TIME
+
+
+def clamp_time(when: datetime) -> datetime:
+    """``when`` limited to ``[EARLIEST_TIME, LATEST_TIME]`` (see :data:`LATEST_TIME`)."""
+    return min(max(when, EARLIEST_TIME), LATEST_TIME)
+
+
+def add_time(when: datetime, delta: timedelta) -> datetime:
+    """``when + delta``, saturating instead of raising ``OverflowError``."""
+    try:
+        return when + delta
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC) if delta > timedelta(0) \
+            else datetime.min.replace(tzinfo=UTC)
 
 
 def _fmt(when: datetime | None) -> str | None:

@@ -157,6 +157,11 @@ class KubeApi:
         if not self.clock.known:
             self.request("GET", "/version")
         with self._lock:
+            if not self.clock.known:
+                raise UnavailableError(
+                    0, "NoDate", f"the API server at {self.host} answered without a usable "
+                    "Date header, so its clock cannot be estimated; joblease judges expiry "
+                    "only on the server's clock (is a proxy stripping Date?)")
             return self.clock.now(self.monotonic())
 
     def calibrate(self, max_seconds: float = 1.5, target_error: float = 0.01) -> float:

@@ -8,7 +8,7 @@ from typing import Any
 
 from joblease.domain.errors import LeaseNotFoundError, format_time
 from joblease.domain.lease import LeaseStatus, Observed
-from joblease.kube.api import MERGE_PATCH, KubeApi, NotFoundError
+from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, KubeApi, NotFoundError
 
 GROUP = "joblease.dev"
 VERSION = "v1alpha1"
@@ -33,16 +33,17 @@ class LeaseStore:
     def __init__(self, api: KubeApi) -> None:
         self.api = api
 
-    def get(self, namespace: str, name: str) -> Observed:
+    def get(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT) -> Observed:
         """Read one JobLease.
 
         Raises:
             LeaseNotFoundError: it does not exist.
         """
         try:
-            return Observed.from_object(self.api.request("GET", lease_path(namespace, name)).body)
+            body = self.api.request("GET", lease_path(namespace, name), timeout=timeout).body
         except NotFoundError as err:
             raise LeaseNotFoundError(name, namespace) from err
+        return Observed.from_object(body)
 
     def list(self, namespace: str | None = None) -> list[Observed]:
         """List JobLeases in one namespace, or in all."""
@@ -56,18 +57,26 @@ class LeaseStore:
                 "metadata": {"name": name, "labels": labels or {}}, "spec": spec or {}}
         return Observed.from_object(self.api.request("POST", lease_path(namespace), body).body)
 
-    def write_status(self, observed: Observed, status: LeaseStatus) -> Observed:
+    def write_status(self, observed: Observed, status: LeaseStatus,
+                     timeout: float = DEFAULT_TIMEOUT) -> Observed:
         """Write ``status`` only if the object is still at ``observed.resource_version``.
 
         A merge patch carrying ``metadata.resourceVersion`` is a compare-and-swap: the API
         server answers 409 (``ConflictError``) if anyone wrote in between. Because it can
         only apply to ``observed`` itself, it carries only the fields that change.
+
+        Raises:
+            LeaseNotFoundError: the object is gone (404).
         """
         changes = (status.changes_since(observed.status) if observed.has_status
                    else status.to_dict())
         patch = {"metadata": {"resourceVersion": observed.resource_version}, "status": changes}
         path = lease_path(observed.namespace, observed.name, "status")
-        body = self.api.request("PATCH", path, patch, content_type=MERGE_PATCH).body
+        try:
+            body = self.api.request("PATCH", path, patch, content_type=MERGE_PATCH,
+                                    timeout=timeout).body
+        except NotFoundError as err:
+            raise LeaseNotFoundError(observed.name, observed.namespace) from err
         return Observed.from_object(body)
 
     def delete_if_unchanged(self, observed: Observed) -> None:

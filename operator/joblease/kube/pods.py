@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from joblease.kube.api import MERGE_PATCH, KubeApi
+from joblease.kube.api import MERGE_PATCH, KubeApi, NotFoundError
 
 LEASE_LABEL = "joblease.dev/lease"
 ANNOTATION_PREFIX = "joblease.dev/"
@@ -30,6 +30,7 @@ class PodInfo:
     terminating: bool
     created: str
     annotations: dict[str, str]
+    service_account: str = "default"
 
     @property
     def holder(self) -> str:
@@ -59,6 +60,7 @@ class PodInfo:
             terminating=bool(meta.get("deletionTimestamp")),
             created=meta.get("creationTimestamp", ""),
             annotations=dict(meta.get("annotations") or {}),
+            service_account=(obj.get("spec") or {}).get("serviceAccountName") or "default",
         )
 
 
@@ -72,6 +74,18 @@ class PodStore:
 
     def __init__(self, api: KubeApi) -> None:
         self.api = api
+
+    def get(self, namespace: str, name: str) -> PodInfo | None:
+        """Read one pod now (``None`` if it does not exist).
+
+        Why a read and not the watch: a watch filtered by label never shows the deletion of
+        a pod whose label was removed, and events can be missed in a gap; renewing on a
+        pod's behalf must rest on the pod as it is now.
+        """
+        try:
+            return PodInfo.from_object(self.api.request("GET", pod_path(namespace, name)).body)
+        except NotFoundError:
+            return None
 
     def annotate(self, pod: PodInfo, values: dict[str, str | None]) -> None:
         """Merge-patch ``joblease.dev/<key>`` annotations on ``pod`` (``None`` removes one).

@@ -12,14 +12,24 @@ from __future__ import annotations
 import os
 import socket
 import time
+import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import LeaseFinishedError, LeaseHeldError, LeaseLostError
+from joblease.domain.errors import (
+    LeaseFinishedError,
+    LeaseGoneError,
+    LeaseHeldError,
+    LeaseLostError,
+    LeaseNotFoundError,
+)
 from joblease.domain.lease import (
+    Claim,
     Observed,
+    Phase,
     Transition,
+    add_time,
     decide_claim,
     decide_complete,
     decide_release,
@@ -96,7 +106,7 @@ class LeaseClient:
         return self.store.get(self.namespace, name)
 
     def claim(self, name: str, holder: str | None = None, *,
-              observed: Observed | None = None) -> Lease:
+              observed: Observed | None = None, claim_id: str | None = None) -> Lease:
         """Claim ``name`` for ``holder`` once; raise if someone else holds it.
 
         ``observed`` is an optional recent version of the JobLease (from ``get``, a list or
@@ -104,42 +114,72 @@ class LeaseClient:
         write is conditional on its resourceVersion: a 409 sends the claim back to a fresh
         read, and a refusal decided from it is confirmed from a fresh read.
 
+        ``claim_id`` names this claim (default: a new random id). Retrying with the same id
+        after an ``UnavailableError`` is safe: if the lost attempt's write landed, the retry
+        adopts that claim instead of being refused by it.
+
         Raises:
             LeaseHeldError: held by someone else and not expired (names holder, generation, end).
             LeaseFinishedError: Completed or Failed.
             LeaseNotFoundError: no such JobLease.
+            UnavailableError: no answer (the claim may have landed: retry with ``claim_id``).
         """
         who = self.resolve_holder(holder)
         margin = self.margin()
+        cid = claim_id or new_claim_id()
         outcome = transact(self.store, self.namespace, name,
-                           lambda obs, now: decide_claim(obs, who, now, margin),
+                           lambda obs, now: decide_claim(obs, who, now, margin, cid),
                            observed=observed)
         if outcome.transition is not None and outcome.transition.kind == "failed":
             raise _failed(outcome)
-        return Lease(self, who, outcome)
+        return Lease(self, who, cid, outcome)
+
+    def resume(self, name: str, holder: str | None, token: FencingToken,
+               claim_id: str | None = None) -> Lease:
+        """A :class:`Lease` for a claim made elsewhere (another process, ``joblease claim``).
+
+        Nothing is written. Its operations succeed only while that very claim — holder,
+        token and, if given, claim id — is current; otherwise they raise ``StaleLeaseError``
+        naming the current holder and token. Its deadline is the lease's end as now read.
+
+        Raises:
+            LeaseNotFoundError: no such JobLease.
+        """
+        who = self.resolve_holder(holder)
+        obs = self.get(name)
+        outcome = Outcome(obs, None, self.api.monotonic())
+        return Lease(self, who, claim_id, outcome, token=token)
 
     def wait_claim(self, name: str, holder: str | None = None, timeout: float = 60.0,
-                   poll: float = 0.5) -> Lease:
+                   poll: float = 0.5, *, retry_unavailable: float | None = None) -> Lease:
         """Claim ``name``, waiting up to ``timeout`` seconds while someone else holds it.
 
         Sleeps until just after the current lease can end, but at most ``poll`` seconds,
-        so a release is noticed quickly.
+        so a release is noticed quickly. Every attempt carries the same claim id, so an
+        attempt whose answer was lost is adopted by the next one, never refused by it.
+        ``retry_unavailable`` (default ``timeout``) bounds how long an unreachable API server
+        is retried.
 
         Raises:
             LeaseHeldError: still held when ``timeout`` ran out.
             LeaseFinishedError: the lease finished meanwhile.
+            UnavailableError: the API server did not answer within ``retry_unavailable``.
         """
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        deadline = start + timeout
+        unavailable_deadline = start + (timeout if retry_unavailable is None
+                                        else retry_unavailable)
+        cid = new_claim_id()
         while True:
             try:
-                return self.claim(name, holder)
+                return self.claim(name, holder, claim_id=cid)
             except LeaseHeldError as held:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
                 time.sleep(max(0.01, min(poll, left, self._seconds_until(held.lease_until))))
             except UnavailableError:
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= unavailable_deadline:
                     raise
                 time.sleep(min(poll, 1.0))
 
@@ -147,27 +187,48 @@ class LeaseClient:
         if until is None:
             return 0.0
         margin = self.margin()
-        return max(0.0, (until + margin - self.api.server_now().earliest).total_seconds())
+        return max(0.0, (add_time(until, margin) - self.api.server_now().earliest)
+                   .total_seconds())
+
+
+def new_claim_id() -> str:
+    """A random id for one claim (128 bits: never repeats in practice)."""
+    return uuid.uuid4().hex
 
 
 class Lease:
     """A held JobLease: its token, its end, and the operations its holder may perform.
 
+    The claim it stands for — holder, fencing token ``(epoch, generation)``, claim id and
+    the object's uid — is fixed when the claim succeeds and never changes: renewals only
+    move ``lease_until`` and ``deadline``. A renewal, completion or release succeeds only
+    while that very claim is current on the API server.
+
     Attributes:
         name: The job id (the JobLease's name).
         holder: Who holds it.
         token: The fencing token ``(epoch, generation)`` to present to every target.
+        claim_id: The random id of this claim (shown by ``joblease claim``).
         lease_until: End of the lease on the API server's clock.
         deadline: Local monotonic time after which this holder must stop (see module doc).
+        lost: Why the lease was lost (``None`` while it was not seen lost).
     """
 
-    def __init__(self, client: LeaseClient, holder: str, outcome: Outcome) -> None:
+    def __init__(self, client: LeaseClient, holder: str, claim_id: str | None,
+                 outcome: Outcome, token: FencingToken | None = None) -> None:
         self._client = client
         self.holder = holder
-        self.name = outcome.observed.name
-        self.namespace = outcome.observed.namespace
-        self.lost: BaseException | None = None
-        self._apply(outcome)
+        obs = outcome.observed
+        self.name, self.namespace, self.uid = obs.name, obs.namespace, obs.uid
+        self.token: FencingToken = token or obs.status.token()
+        self.claim_id = claim_id
+        self.lost: LeaseLostError | None = None
+        self._apply(outcome, resumed=token is not None)
+
+    @property
+    def claim(self) -> Claim:
+        """The claim this lease stands for, as the protocol's decisions take it."""
+        return Claim(self.holder, self.token, self.claim_id)
 
     @property
     def generation(self) -> int:
@@ -185,34 +246,50 @@ class Lease:
     def renew(self) -> None:
         """Extend the lease (one conditional write from the last known version).
 
+        No request waits past the local deadline: a hung API server ends in
+        ``UnavailableError`` by then, never in a renewal that blocks beyond it.
+
         Raises:
-            StaleLeaseError: someone else claimed it (names the current holder and generation).
+            StaleLeaseError: someone else claimed it (names the current holder and token).
             LeaseExpiredError: it ran out on the server's clock before the renewal.
+            LeaseGoneError: the JobLease was deleted or re-created.
+            UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
-        gen = self.generation
-        self._do(lambda obs, now, m: decide_renew(obs, self.holder, gen, now, m))
+        claim = self.claim
+        self._do(lambda obs, now, m: decide_renew(obs, claim, now, m), until_deadline=True)
 
     def complete(self, result: str = "") -> None:
-        """Record the job as done under this generation; the lease is never claimed again.
+        """Record the job as done under this claim; the lease is never claimed again.
 
         Raises:
-            StaleLeaseError: a newer generation exists; the completion is refused.
+            StaleLeaseError: a newer claim exists; the completion is refused.
             LeaseExpiredError: the lease ran out first.
         """
-        gen = self.generation
-        self._do(lambda obs, now, m: decide_complete(obs, self.holder, gen, result, now, m))
+        claim = self.claim
+        self._do(lambda obs, now, m: decide_complete(obs, claim, result, now, m))
 
     def release(self, failed: bool = False) -> None:
         """Give the lease up so another worker can claim it now (``failed`` counts an attempt)."""
-        gen = self.generation
-        self._do(lambda obs, now, m: decide_release(obs, self.holder, gen, now, m, failed))
+        claim = self.claim
+        self._do(lambda obs, now, m: decide_release(obs, claim, now, m, failed))
 
-    def _do(self, decide: Callable[[Observed, ServerNow, timedelta], Transition]) -> None:
+    def _do(self, decide: Callable[[Observed, ServerNow, timedelta], Transition | None],
+            until_deadline: bool = False) -> None:
         margin = self._client.margin()
+
+        def decide_ours(obs: Observed, now: ServerNow) -> Transition | None:
+            if obs.uid != self.uid:
+                raise LeaseGoneError(self.name, self.namespace,
+                                     f"re-created (uid {self.uid} is now {obs.uid})")
+            return decide(obs, now, margin)
+
         try:
-            outcome = transact(self._client.store, self.namespace, self.name,
-                               lambda obs, now: decide(obs, now, margin),
-                               observed=self._observed)
+            outcome = transact(self._client.store, self.namespace, self.name, decide_ours,
+                               observed=self._observed,
+                               deadline=self.deadline if until_deadline else None)
+        except LeaseNotFoundError as err:
+            self.lost = LeaseGoneError(self.name, self.namespace, "deleted")
+            raise self.lost from err
         except LeaseLostError as err:
             self.lost = err
             raise
@@ -220,15 +297,26 @@ class Lease:
             raise _failed(outcome)
         self._apply(outcome)
 
-    def _apply(self, outcome: Outcome) -> None:
+    def _apply(self, outcome: Outcome, resumed: bool = False) -> None:
         obs = outcome.observed
         self._observed: Observed | None = obs
         status = obs.status
-        self.token = status.token()
+        if resumed and not (status.phase is Phase.HELD and status.token() == self.token
+                            and status.holder == self.holder
+                            and self.claim_id in (None, status.claim_id)):
+            self.lease_until, self.deadline = status.lease_until, self._client.api.monotonic()
+            return  # not current: every operation will say why (StaleLeaseError)
+        if status.token() != self.token or obs.uid != self.uid:
+            # Unreachable through the decisions above; a guard, not a path: a held lease
+            # must never turn into a token it did not claim (issue 14, item 1).
+            raise LeaseGoneError(self.name, self.namespace,
+                                 f"the server returned token {status.token()} for a lease "
+                                 f"held as {self.token}")
         self.lease_until = status.lease_until
-        if status.lease_until is not None:
+        if status.lease_until is not None and status.phase is Phase.HELD:
             margin = self._client.base_margin + self._client.api.server_now().error
-            self.deadline = self._client.api.clock.monotonic_at(status.lease_until - margin)
+            self.deadline = self._client.api.clock.monotonic_at(
+                add_time(status.lease_until, -margin))
         else:
             self.deadline = self._client.api.monotonic()
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from types import TracebackType
 
@@ -26,53 +27,103 @@ from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 
 RENEW_FRACTION = 1 / 3
+MAX_RETRY_DELAY = 1.0
+log = logging.getLogger("joblease.sdk")
+
+
+class RenewalStoppedError(LeaseLostError):
+    """The renewal loop ended without a requested stop (an error nobody planned for).
+
+    Declared as a loss because nothing renews the lease any more: fail safe, never silent.
+    """
 
 
 class Holding:
-    """Keeps ``lease`` renewed from a background thread while the ``with`` body runs."""
+    """Keeps ``lease`` renewed from a background thread while the ``with`` body runs.
 
-    def __init__(self, lease: Lease, renew_fraction: float = RENEW_FRACTION) -> None:
+    Two threads guard the lease (issue 14, items 3 and 4):
+
+    1. the *renewer* renews every ``renew_fraction`` of the lease; a refusal declares the
+       loss; any other failure — an unreachable server, a 409 storm, an exception of any
+       type — is retried with a short backoff, and no request waits past the deadline;
+    2. the *watchdog* sleeps until the local deadline (minus ``stop_before``) and declares
+       the loss there unless a renewal moved the deadline first. It never sends a request,
+       so a hung one cannot delay it.
+
+    Either thread's only exit other than a requested stop is declaring the lease lost.
+
+    Args:
+        lease: The held lease.
+        renew_fraction: Renew after this fraction of the lease's remaining time.
+        stop_before: Declare a lease that could not be renewed lost this many seconds
+            before its deadline (``joblease run`` uses its grace period, so the command is
+            killed *by* the deadline, not a grace period after it).
+    """
+
+    def __init__(self, lease: Lease, renew_fraction: float = RENEW_FRACTION, *,
+                 stop_before: float = 0.0) -> None:
         self.lease = lease
         self.lost = threading.Event()
         self.error: LeaseLostError | None = None
         self.completed = False
         self.failed = False  # set by the work to release as failed (an attempt) on exit
+        self.renew_failures = 0  # renewals that failed transiently (retried)
         self._stop = threading.Event()
+        self._moved = threading.Condition()  # the watchdog waits on it; notified on renew/stop
+        self._lose_lock = threading.Lock()
         self._write_lock = threading.Lock()  # a renewal never races the completion
         self._interval = max(0.05, lease.remaining() * renew_fraction)
-        self._thread = threading.Thread(target=self._renew_loop, name=f"renew-{lease.name}",
-                                        daemon=True)
+        self._stop_before = max(0.0, stop_before)
+        self._threads = [
+            threading.Thread(target=self._guard, args=(self._renew_loop,),
+                             name=f"renew-{lease.name}", daemon=True),
+            threading.Thread(target=self._guard, args=(self._watchdog,),
+                             name=f"deadline-{lease.name}", daemon=True),
+        ]
 
     @property
     def token(self) -> object:
-        """The current fencing token (unchanged by renewals)."""
+        """The fencing token of the held claim (unchanged by renewals)."""
         return self.lease.token
+
+    def remaining(self) -> float:
+        """Seconds until this holding declares the lease lost unless it is renewed."""
+        return self.lease.remaining() - self._stop_before
 
     def check(self) -> None:
         """Raise ``LeaseLostError`` if the lease is lost; call it before every effect."""
+        if self.error is None and (not self.lease.valid() or self.remaining() <= 0):
+            self._lose(self._expired())
         if self.error is not None:
             raise self.error
-        if not self.lease.valid():
-            self._lose(LeaseExpiredError(self.lease.name, self.lease.holder,
-                                         self.lease.generation, self.lease.lease_until))
-            raise self.error  # type: ignore[misc]
 
     def complete(self, result: str = "") -> None:
         """Complete the job under this lease (refused if it was lost)."""
         self.check()
         with self._write_lock:
+            self.check()
             self.lease.complete(result)
         self.completed = True
 
     def __enter__(self) -> Holding:
-        self._thread.start()
+        self._start()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._stop_threads()
         self._finish(failed=exc is not None or self.failed)
+
+    def _start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def _stop_threads(self) -> None:
+        self._stop.set()
+        with self._moved:
+            self._moved.notify_all()
+        for thread in self._threads:
+            thread.join()
 
     def _finish(self, failed: bool) -> None:
         if self.completed or self.error is not None:
@@ -84,14 +135,36 @@ class Holding:
         """The release made on exit (a hook: the fault suite records it in its history)."""
         self.lease.release(failed=failed)
 
+    def _guard(self, loop: object) -> None:
+        """Run one guarding loop; if it ends any other way than stop or loss, declare loss."""
+        try:
+            loop()  # type: ignore[operator]
+        except BaseException as err:
+            log.exception("JobLease %s: lease guard failed", self.lease.name)
+            self._lose(RenewalStoppedError(self.lease.name, f"renewal of {self.lease.name!r} "
+                                           f"stopped by an unexpected error: {err!r}"))
+            return
+        if not self._stop.is_set() and self.error is None:
+            self._lose(RenewalStoppedError(self.lease.name,
+                                           f"renewal of {self.lease.name!r} ended unexpectedly"))
+
+    def _watchdog(self) -> None:
+        with self._moved:
+            while not self._stop.is_set() and self.error is None:
+                left = self.remaining()
+                if left <= 0:
+                    break
+                self._moved.wait(left)
+        if not self._stop.is_set():
+            self._lose(self._expired())
+
     def _renew_loop(self) -> None:
-        while not self._stop.is_set():
-            wait = min(self._interval, max(0.0, self.lease.remaining()))
-            if self._stop.wait(wait):
+        delay = self._interval
+        while not self._stop.wait(max(0.0, min(delay, self.remaining()))):
+            if self.error is not None:
                 return
-            if self.lease.remaining() <= 0:
-                self._lose(LeaseExpiredError(self.lease.name, self.lease.holder,
-                                             self.lease.generation, self.lease.lease_until))
+            if self.remaining() <= 0:
+                self._lose(self._expired())
                 return
             try:
                 with self._write_lock:
@@ -101,37 +174,61 @@ class Holding:
             except LeaseLostError as err:
                 self._lose(err)
                 return
-            except (ApiError, LeaseError):
-                continue  # transient (server unavailable): retry until the local deadline
+            except Exception as err:
+                self.renew_failures += 1
+                delay = min(MAX_RETRY_DELAY, 0.05 * 2 ** min(self.renew_failures, 5))
+                log.warning("JobLease %s: renewal failed (%s: %s); retrying in %.2fs, lost in "
+                            "%.2fs unless one succeeds", self.lease.name, type(err).__name__,
+                            err, delay, self.remaining())
+                continue
+            delay = self._interval
+            with self._moved:
+                self._moved.notify_all()
+            self.on_renewed()
+
+    def _expired(self) -> LeaseExpiredError:
+        return LeaseExpiredError(self.lease.name, self.lease.holder, self.lease.generation,
+                                 self.lease.lease_until)
 
     def _lose(self, err: LeaseLostError) -> None:
-        if self.error is None:
+        with self._lose_lock:
+            if self.error is not None:
+                return
             self.error = err
+            if self.lease.lost is None:
+                self.lease.lost = err
         self.lost.set()
+        with self._moved:
+            self._moved.notify_all()
         self.on_lost()
 
     def on_lost(self) -> None:
-        """React to the loss (called once, from the renewal thread); subclasses override."""
+        """React to the loss (called once, from whichever thread saw it); subclasses override."""
+
+    def on_renewed(self) -> None:
+        """React to a successful renewal (from the renewal thread); subclasses override."""
 
 
 class AsyncHolding(Holding):
     """The asyncio flavour: the body's task is cancelled when the lease is lost."""
 
-    def __init__(self, lease: Lease, renew_fraction: float = RENEW_FRACTION) -> None:
-        super().__init__(lease, renew_fraction)
+    def __init__(self, lease: Lease, renew_fraction: float = RENEW_FRACTION, *,
+                 stop_before: float = 0.0) -> None:
+        super().__init__(lease, renew_fraction, stop_before=stop_before)
         self._task: asyncio.Task[object] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
 
     async def __aenter__(self) -> AsyncHolding:
         self._task = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
-        self._thread.start()
+        self._loop_thread = threading.get_ident()
+        self._start()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
-        self._stop.set()
-        await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._stop_threads)
         if self.error is not None and isinstance(exc, asyncio.CancelledError):
             if self._task is not None:
                 self._task.uncancel()
@@ -144,6 +241,14 @@ class AsyncHolding(Holding):
         await asyncio.to_thread(self.complete, result)
 
     def on_lost(self) -> None:
-        """Cancel the body's task, from the loop's thread."""
-        if self._loop is not None and self._task is not None:
+        """Cancel the body's task from the loop's thread.
+
+        Not when the loss was seen on the loop's thread itself: then ``check()`` raises in
+        the body, and a cancel would hit the ``async with`` exit instead.
+        """
+        if self._loop is None or self._task is None:
+            return
+        if threading.get_ident() == self._loop_thread:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop already closed: nothing to cancel
             self._loop.call_soon_threadsafe(self._task.cancel)
