@@ -165,10 +165,8 @@ while True:
             time.sleep(0.05)
         kill(signal.SIGKILL); sys.exit(0)
     buf += chunk
-    while b"
-" in buf:
-        line, buf = buf.split(b"
-", 1)
+    while b"\n" in buf:
+        line, buf = buf.split(b"\n", 1)
         word, _, value = line.decode().partition(" ")
         if word == "done": sys.exit(0)
         if word == "pgid": pgid = int(value)

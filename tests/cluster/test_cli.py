@@ -37,11 +37,15 @@ def test_claim_renew_complete_and_documented_exit_codes(cluster: Any, leases: Le
     held = cli(cluster, ns, "claim", "job", "--holder", "b")
     assert held.returncode == 3
     assert "held by 'a' at generation 1" in held.stderr
-    stale = cli(cluster, ns, "renew", "job", "--holder", "a", "--generation", "0")
+    epoch = token["epoch"]
+    stale = cli(cluster, ns, "renew", "job", "--holder", "a", "--token", f"{epoch}/0")
     assert stale.returncode == 4 and "current generation is 1" in stale.stderr
-    assert cli(cluster, ns, "renew", "job", "--holder", "a", "--generation", "1").returncode == 0
-    done = cli(cluster, ns, "complete", "job", "--holder", "a", "--generation", "1",
-               "--result", "ok")
+    partial = cli(cluster, ns, "renew", "job", "--holder", "a", "--generation", "1")
+    assert partial.returncode == 2 and "give the whole token" in partial.stderr
+    assert cli(cluster, ns, "renew", "job", "--holder", "a", "--token", token["token"],
+               "--claim-id", token["claimId"]).returncode == 0
+    done = cli(cluster, ns, "complete", "job", "--holder", "a", "--epoch", str(epoch),
+               "--generation", "1", "--result", "ok")
     assert done.returncode == 0, done.stderr
     again = cli(cluster, ns, "claim", "job", "--holder", "b")
     assert again.returncode == 3 and "Completed" in again.stderr

@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
+    LeaseExpiredError,
     LeaseFinishedError,
     LeaseGoneError,
     LeaseHeldError,
@@ -255,6 +256,13 @@ class Lease:
             LeaseGoneError: the JobLease was deleted or re-created.
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
+        if self.lost is None and self.remaining() <= 0:
+            # Past the local deadline the lease may already belong to someone else: asking
+            # the server could only confirm that, never undo it.
+            self.lost = LeaseExpiredError(self.name, self.holder, self.generation,
+                                          self.lease_until)
+        if self.lost is not None:
+            raise self.lost
         claim = self.claim
         self._do(lambda obs, now, m: decide_renew(obs, claim, now, m), until_deadline=True)
 
