@@ -129,5 +129,5 @@ def test_identity_holder_is_the_authenticated_username(cluster: Any, leases: Lea
     assert claimed.returncode == 0, claimed.stderr
     assert json.loads(claimed.stdout)["holder"] == cluster.username("alice")
     released = cli(cluster, leases.namespace, "release", "job", "--holder", "@identity",
-                   "--generation", "1", user="alice")
+                   "--token", json.loads(claimed.stdout)["token"], user="alice")
     assert released.returncode == 0, released.stderr

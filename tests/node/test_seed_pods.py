@@ -110,9 +110,9 @@ def test_paused_pod_is_fenced_out(node_cluster: NodeCluster, node_ns: str,
     # A's complete with its old token is refused by the API server.
     done = subprocess.run([str(VENV_PYTHON.parent / "joblease"), "complete", "seed", "-n", ns,
                            "--kubeconfig", str(kubeconfig), "--holder", "pod-a",
-                           "--generation", str(n)], capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode != 0, done.stdout
+                           "--token", f"{nc.lease(ns, 'seed')['epoch']}/{n}"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 4, (done.stdout, done.stderr)
     print(f"\nseed on pods: A gen {n}, B gen {n + 1}; A exit {ended['exitCode']}; "
           f"A refused writes {len(refused)}; A log tail: {logs.strip().splitlines()[-3:]}; "
           f"complete: {done.stderr.strip()[-200:]}")

@@ -324,9 +324,11 @@ def test_user_journey(release: Release, node_ns: str, pg: PostgresServer) -> Non
     assert "refused by the fence" in refused, refused
     # ... and completing the lease with its old token is refused by the protocol (exit 4).
     a_uid = nc.api(f"/api/v1/namespaces/{ns}/pods/{a}")["metadata"]["uid"]
+    epoch = nc.api(f"/apis/joblease.dev/v1alpha1/namespaces/{ns}/jobleases/{LEASE}"
+                   )["status"]["epoch"]
     done = subprocess.run([str(VENV_PYTHON.parent / "joblease"), "complete", LEASE, "-n", ns,
                            "--kubeconfig", str(nc.cluster.kubeconfig),
-                           "--holder", f"pod:{ns}/{a}/{a_uid}", "--generation", str(n)],
+                           "--holder", f"pod:{ns}/{a}/{a_uid}", "--token", f"{epoch}/{n}"],
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 4, (done.stdout, done.stderr)
     with psycopg.connect(dsn, autocommit=True) as conn:

@@ -139,12 +139,12 @@ def test_a_copied_pod_never_reads_another_pods_token(tmp_path: Path) -> None:
 
 def test_without_its_uid_a_reader_refuses_to_guess(tmp_path: Path) -> None:
     kubelet_write(tmp_path, token_annotations(9, 4, "2026-12-02T18:00:30.000Z"))
-    with pytest.raises(DownwardFormatError, match="mount metadata.uid"):
+    with pytest.raises(DownwardFormatError, match=r"mount metadata\.uid"):
         TokenFile(tmp_path / "annotations").read()
 
 
 def test_malformed_token_annotations_name_the_problem(tmp_path: Path) -> None:
     bad = {**token_annotations(9, 4, "2026-12-02T18:00:30.000Z"), "joblease.dev/epoch": "x9"}
     kubelet_write(tmp_path, bad)
-    with pytest.raises(DownwardFormatError, match="joblease.dev/epoch='x9'"):
+    with pytest.raises(DownwardFormatError, match=r"joblease.dev/epoch=.x9."):
         TokenFile(tmp_path / "annotations", uid="0d9c").read()

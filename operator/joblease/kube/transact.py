@@ -69,6 +69,7 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
             ``UnavailableError`` if it could not be reached, or ``deadline`` passed.
         ContentionError: ``max_conflicts`` attempts in a row met 409 (or lost answers).
     """
+    lost_answer: UnavailableError | None = None
     for _ in range(max_conflicts):
         cached = observed is not None
         current = observed or store.get(namespace, name, _timeout(store, deadline))  # 1
@@ -87,12 +88,16 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
             written = store.write_status(current, transition.status,
                                          _timeout(store, deadline))  # 4
         except ConflictError:
+            lost_answer = None
             continue  # 5
-        except UnavailableError:
+        except UnavailableError as err:
             if deadline is not None and store.api.monotonic() >= deadline:
                 raise
+            lost_answer = err
             continue  # 6
         return Outcome(written, transition, sent)
+    if lost_answer is not None:
+        raise lost_answer  # the last write may have landed: say "unknown", not "refused"
     raise ContentionError(f"JobLease {namespace}/{name}: {max_conflicts} conflicting writes in a "
                           "row; giving up (is something rewriting it in a loop?)")
 
