@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup binaries control-plane demo test unit lint bench soak clean-cache help sync-crds
+.PHONY: setup binaries control-plane demo test unit lint bench soak sim clean-cache help sync-crds
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -55,3 +55,6 @@ sync-crds: ## copy crds/*.yaml into the Helm chart (tests/unit/test_crd_drift.py
 
 clean-cache: ## remove the cluster binaries cache (~/.cache/joblease)
 	rm -rf $${JOBLEASE_CACHE_DIR:-$$HOME/.cache/joblease}
+
+sim: setup ## deterministic simulation of the whole protocol (SIM_MINUTES=1 by default)
+	$(BIN)/python -m tests.sim --minutes $${SIM_MINUTES:-1}

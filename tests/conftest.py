@@ -34,7 +34,7 @@ E2E_ENV = "JOBLEASE_E2E_KUBECONFIG"
 # Contexts the suite may create and delete namespaces, CRDs and RBAC in.
 E2E_CONTEXT_ALLOW = ("kind-*", "joblease-local*")
 E2E_IDENTITY_NAMESPACE = "joblease-e2e-identities"
-MARK_BY_DIRECTORY = {"cluster": "cluster", "unit": "unit", "node": "node"}
+MARK_BY_DIRECTORY = {"cluster": "cluster", "unit": "unit", "node": "node", "sim": "unit"}
 
 _CLUSTER_KEY = pytest.StashKey["ClusterHandle"]()
 _BUILD_ERROR_KEY = pytest.StashKey[Exception | None]()

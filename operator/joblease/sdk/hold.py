@@ -31,6 +31,15 @@ MAX_RETRY_DELAY = 1.0
 log = logging.getLogger("joblease.sdk")
 
 
+def retry_delay(failures: int) -> float:
+    """Seconds before retrying a renewal after ``failures`` transient failures in a row.
+
+    Short (50 ms doubling to 1 s): the lease's remaining time, not the server's health, is
+    what is scarce; the watchdog bounds the whole episode at the deadline anyway.
+    """
+    return min(MAX_RETRY_DELAY, 0.05 * 2.0 ** min(failures, 5))
+
+
 class RenewalStoppedError(LeaseLostError):
     """The renewal loop ended without a requested stop (an error nobody planned for).
 
@@ -176,7 +185,7 @@ class Holding:
                 return
             except Exception as err:
                 self.renew_failures += 1
-                delay = min(MAX_RETRY_DELAY, 0.05 * 2 ** min(self.renew_failures, 5))
+                delay = retry_delay(self.renew_failures)
                 log.warning("JobLease %s: renewal failed (%s: %s); retrying in %.2fs, lost in "
                             "%.2fs unless one succeeds", self.lease.name, type(err).__name__,
                             err, delay, self.remaining())

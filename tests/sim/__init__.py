@@ -1,0 +1,1 @@
+"""Deterministic simulation of the whole lease protocol (issue 15): see README.md."""

@@ -1,0 +1,590 @@
+"""One seeded run of the whole protocol: workers, the operator, a fenced target, faults.
+
+The *real* code runs here: ``joblease.domain``, ``kube.leases.LeaseStore``,
+``kube.transact``, the SDK's ``LeaseClient``/``Lease`` (claims, renewals, completions, own-
+write recognition, the drift-aware deadline), the renewal policy of ``Holding`` (renew
+every third, ``retry_delay`` after a failure, loss at the deadline by a watchdog that
+sends nothing), the operator's ``Reconciler`` and ``LeaseView``, and the fencing gate
+(``TokenGate``). Only the API server (``model.py``), the clocks and the network
+(``world.py``) are simulated.
+
+Oracles, checked on the true timeline at every step (``Oracles``):
+  a. with drift within the bound, no two claims of a lease are believed valid at once;
+  b. a token ``(epoch, generation)`` is held only by the claim that created it;
+  c. no renewal, completion or release under a stale claim is accepted by the server;
+  d. every effect is checked while its claim is current on the server and before its end;
+  e. the fenced target never accepts a lower token after a higher one;
+  f. liveness: a lease whose holder died is claimed again within
+     ``leaseUntil + margin + poll + one round trip`` (runs without API faults);
+  g. one malformed object never stops the operator's work on the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+
+from joblease.controller.reconciler import LeaseView, Reconciler
+from joblease.domain.errors import (
+    LeaseError,
+    LeaseFinishedError,
+    LeaseHeldError,
+    LeaseLostError,
+)
+from joblease.domain.lease import Observed, parse_time
+from joblease.domain.token import FencingToken
+from joblease.fencing.check import TokenGate
+from joblease.fencing.errors import StaleTokenError
+from joblease.kube.leases import LeaseStore
+from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, new_claim_id
+from joblease.sdk.hold import RENEW_FRACTION, retry_delay
+
+from .model import ModelServer
+from .world import BASE, Faults, LocalClock, SimApi, World
+
+POLL = 0.5  # LeaseClient.wait_claim's default poll
+ORPHAN_AFTER = 5.0  # seconds a claim may stay unadopted (its retries back off 0.2 s)
+ORACLES = "abcdefg"
+
+
+@dataclass
+class Config:
+    """What one run simulates; ``draw`` picks it from the seed."""
+
+    workers: int = 4
+    leases: int = 2
+    shared_holder: bool = True  # replicas of one ServiceAccount: one holder name
+    duration: int = 3
+    drift: float = 1e-4  # the bound; clocks' rates are drawn within it (or beyond: fencing only)
+    beyond_drift: bool = False
+    faults: Faults = field(default_factory=Faults)
+    pause: float = 0.0  # probability per effect of a process pause (GC, SIGSTOP)
+    crash: float = 0.0  # probability per step of a worker crash
+    recreate: float = 0.0  # probability per operator pass of deleting and re-creating a lease
+    hostile: bool = False  # one lease with a hostile status the operator must survive
+    operator_crash: float = 0.0
+    seconds: float = 30.0
+    effects: int = 3  # effects per holding before it completes
+    poll: float = POLL  # a waiting claimer re-reads at most this often (wait_claim's poll)
+
+    @classmethod
+    def draw(cls, world: World) -> Config:
+        r = world.rng
+        api_faults = r.random() < 0.6
+        p = (lambda: r.choice([0.0, 0.01, 0.03])) if api_faults else (lambda: 0.0)
+        return cls(workers=r.randint(2, 5), leases=r.randint(1, 3),
+                   shared_holder=r.random() < 0.5, duration=r.choice([2, 3, 5, 20, 3600]),
+                   beyond_drift=r.random() < 0.1,
+                   faults=Faults(p(), p(), p() / 3, p(), p()),
+                   pause=r.choice([0.0, 0.02, 0.05]), crash=r.choice([0.0, 0.01]),
+                   recreate=r.choice([0.0, 0.0, 0.02]), hostile=r.random() < 0.3,
+                   operator_crash=r.choice([0.0, 0.01]), seconds=r.choice([20.0, 40.0]),
+                   effects=r.choice([1, 3, 10, 40]))
+
+
+@dataclass
+class Claimed:
+    """One successful claim as the oracles know it."""
+
+    lease: str
+    token: FencingToken
+    worker: str
+    claim_id: str | None
+    at: float
+    incarnation: str
+
+
+class Oracles:
+    """The properties; ``violations`` counts each by its letter."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        self.violations: Counter[str] = Counter()
+        self.messages: list[str] = []
+        self.claims: dict[tuple[str, FencingToken], Claimed] = {}
+        self.pending: dict[tuple[str, FencingToken], tuple[str, float]] = {}
+        self.crashed: dict[str, tuple[float, str]] = {}  # lease → (deadline true time, worker)
+
+    def fail(self, oracle: str, message: str) -> None:
+        self.violations[oracle] += 1
+        if len(self.messages) < 20:
+            self.messages.append(f"[{oracle}] t={self.sim.world.now:.3f} {message}")
+
+    def on_claim(self, worker: Worker, lease: Lease) -> None:
+        key = (lease.name, lease.token)
+        known = self.claims.get(key)
+        if known is not None and (known.worker, known.claim_id) != (worker.name, lease.claim_id):
+            self.fail("b", f"{worker.name} holds token {lease.token} of {lease.name}, created "
+                           f"by {known.worker}'s claim {known.claim_id}")
+        incarnation = self.sim.server.objects[lease.name]["metadata"]["uid"]
+        self.claims.setdefault(key, Claimed(lease.name, lease.token, worker.name,
+                                            lease.claim_id, self.sim.world.now, incarnation))
+        if not self.sim.config.beyond_drift:
+            for other in self.sim.workers:
+                held = other.lease
+                if other is worker or held is None or other.lost or held.name != lease.name:
+                    continue
+                if held.uid != lease.uid:
+                    continue  # deleting a JobLease revokes its claims at once (docs/safety.md)
+                if other.name in self.sim.world.dead:
+                    continue
+                end = other.clock.true(held.deadline)
+                if end > self.sim.world.now:
+                    self.fail("a", f"{worker.name} claimed {lease.name} at {lease.token} while "
+                                   f"{other.name} believes {held.token} valid until t={end:.3f}")
+        self.pending.pop(key, None)
+        crashed = self.crashed.pop(lease.name, None)
+        if crashed is not None and self.sim.liveness_applies():
+            until, who = crashed
+            allowance = self.sim.claim_allowance()
+            waiting = worker.waiting_since <= until  # a claimer was waiting when it ended
+            if waiting and self.sim.world.now > until + allowance:
+                self.fail("f", f"{lease.name} claimed {self.sim.world.now - until:.3f}s after "
+                               f"{who}'s lease ended (allowance {allowance:.3f}s)")
+
+    def on_write(self, writer: str, name: str, before: dict[str, Any], after: dict[str, Any],
+                 incarnation: str) -> None:
+        """Every status write the server accepted (oracle c; a claim's adoption for f)."""
+        if writer != "operator" and after.get("generation", 0) != before.get("generation", 0):
+            token = FencingToken(int(after.get("epoch") or 0), int(after["generation"]))
+            self.pending[(name, token)] = (writer, self.sim.world.now)
+        if writer == "operator" or after.get("generation", 0) != before.get("generation", 0):
+            return
+        token = FencingToken(int(after.get("epoch") or 0), int(after.get("generation", 0)))
+        claim = self.claims.get((name, token))
+        if claim is None or claim.worker != writer or claim.incarnation != incarnation:
+            owner = f"{claim.worker} (incarnation {claim.incarnation})" if claim else "nobody"
+            self.fail("c", f"{writer}'s write on {name} ({before.get('phase')} → "
+                           f"{after.get('phase')}) accepted under token {token} of {owner}")
+
+    def on_effect(self, worker: Worker, lease: Lease) -> None:
+        """An effect whose check passed now (oracle d)."""
+        obj = self.sim.server.objects.get(lease.name)
+        status = (obj or {}).get("status") or {}
+        current = FencingToken(int(status.get("epoch") or 0), int(status.get("generation", 0)))
+        until = status.get("leaseUntil")
+        if obj is None or obj["metadata"]["uid"] != lease.uid:
+            return  # revoked by deletion: only the target's fencing protects (oracle e)
+        if status.get("phase") != "Held" or current != lease.token or until is None:
+            self.fail("d", f"{worker.name} acted under {lease.token} of {lease.name}, but the "
+                           f"server has {current} ({status.get('phase')})")
+        elif self.sim.world.server_time() > parse_time(until):
+            late = (self.sim.world.server_time() - parse_time(until)).total_seconds()
+            self.fail("d", f"{worker.name} acted under {lease.token} {late:.3f}s after its end")
+
+    def on_target(self, resource: str, token: FencingToken, accepted: bool) -> None:
+        history = self.sim.target_history.setdefault(resource, [])
+        if accepted and history and token < max(history):
+            self.fail("e", f"target accepted {token} after {max(history)} on {resource}")
+        if accepted:
+            history.append(token)
+
+    def at_step(self) -> None:
+        """Oracle g, and f for claims the server accepted but no live worker adopted."""
+        sim = self.sim
+        for key, (writer, at) in list(self.pending.items()):
+            if sim.world.now - at > ORPHAN_AFTER:
+                del self.pending[key]
+                if writer not in sim.world.dead and sim.liveness_applies(orphans=True):
+                    self.fail("f", f"{writer}'s claim {key[1]} of {key[0]} was accepted but "
+                                   f"nobody holds it: the lease is held by no worker")
+        if not sim.operator_up:
+            return
+        lag = sim.expiry_allowance()
+        now = sim.world.server_time()
+        for name, obj in sim.server.objects.items():
+            status = obj.get("status") or {}
+            if name == sim.hostile_name or status.get("phase") != "Held":
+                continue
+            until = status.get("leaseUntil")
+            if until and now > parse_time(until) + timedelta(seconds=lag) \
+                    and sim.world.now - sim.operator_since > lag:
+                self.fail("g", f"{name} still Held {(now - parse_time(until)).total_seconds():.2f}"
+                               f"s after its end with the operator up")
+
+
+class Worker:
+    """A worker process: claims, holds (renewer + watchdog), acts through the fence, completes."""
+
+    def __init__(self, sim: Simulation, index: int) -> None:
+        self.sim, self.name = sim, f"w{index}"
+        world = sim.world
+        bound = sim.config.drift * (30 if sim.config.beyond_drift else 1)
+        self.clock = LocalClock(world.rng.uniform(0, 1e4), world.rng.uniform(-bound, bound))
+        self.api = SimApi(world, sim.server, self.clock, self.name, sim.config.faults)
+        self.client = LeaseClient("sim", api=self.api, calibrate=False)  # type: ignore[arg-type]
+        self.holder = "replicas" if sim.config.shared_holder else self.name
+        self.lease: Lease | None = None
+        self.lost = False
+        self.failures = 0
+        self.effects = 0
+        self.claim_id = new_claim_id()
+        self.target_lease = world.rng.choice(sim.lease_names)
+        self.waiting_since = world.now
+        # Like `joblease run`: the command does not check the lease before each effect; it
+        # stops only when the holding declares the loss (renewer refusal or watchdog).
+        self.run_like = world.rng.random() < 0.5
+        self.watchdog = self.sentinel = True  # switches for the rediscovery tests
+
+    def schedule(self, delay: float, action: Any, owner: str = "") -> None:
+        self.sim.world.after(self.api.elapsed + delay, lambda: self._step(action),
+                             owner or self.name)
+
+    @property
+    def command(self) -> str:
+        """The process effects come from: the runner's command is a process of its own
+        (a pause of the runner does not pause it; the sentinel kills it at the deadline)."""
+        return f"{self.name}-cmd" if self.run_like else self.name
+
+    def _step(self, action: Any) -> None:
+        self.api.elapsed = 0.0
+        self.api.blocked = 0.0
+        if self.sim.world.rng.random() < self.sim.config.crash:
+            self.crash()
+            return
+        action()
+
+    def crash(self) -> None:
+        world = self.sim.world
+        world.dead.update((self.name, self.command))  # the sentinel takes the command along
+        if self.lease is not None and not self.lost:
+            obj = self.sim.server.objects.get(self.lease.name) or {}
+            until = (obj.get("status") or {}).get("leaseUntil")
+            if until and (obj.get("status") or {}).get("generation") == self.lease.generation:
+                end = (parse_time(until) - BASE).total_seconds()
+                self.sim.oracles.crashed.setdefault(self.lease.name, (end, self.name))
+        self.sim.spawn()  # a replacement, as a Deployment would start
+
+    # -- claiming ---------------------------------------------------------------------------
+    def claim(self) -> None:
+        self.sim.ops += 1
+        name = self.target_lease
+        try:
+            lease = self.client.claim(name, self.holder, claim_id=self.claim_id)
+        except LeaseHeldError as held:
+            wait = self.client._seconds_until(held.lease_until)
+            self.schedule(max(0.01, min(self.sim.config.poll, wait)), self.claim)
+            return
+        except LeaseFinishedError:
+            self.pick_another()
+            return
+        except LeaseError:  # not found (being re-created)
+            self.schedule(POLL, self.claim)
+            return
+        except Exception:
+            self.schedule(0.2 + self.api.blocked, self.claim)
+            return
+        self.lease, self.lost, self.failures, self.effects = lease, False, 0, 0
+        self.sim.oracles.on_claim(self, lease)
+        self.interval = max(0.05, lease.remaining() * RENEW_FRACTION)
+        self.schedule(self.interval, self.renew)
+        self.watch()
+        self.schedule(self.sim.world.rng.uniform(0, self.interval), self.act, self.command)
+
+    def pick_another(self) -> None:
+        open_ = [n for n, o in self.sim.server.objects.items()
+                 if (o.get("status") or {}).get("phase") not in ("Completed", "Failed")]
+        if open_:
+            self.target_lease = self.sim.world.rng.choice(open_)
+            self.claim_id = new_claim_id()
+            self.waiting_since = self.sim.world.now
+            self.schedule(POLL, self.claim)
+
+    # -- holding ----------------------------------------------------------------------------
+    def watch(self) -> None:
+        """The watchdog: at the deadline (on this clock), declare the loss unless renewed."""
+        lease = self.lease
+        if lease is None or self.lost or not self.watchdog:
+            return
+        due = self.clock.true(lease.deadline) - self.sim.world.now
+        self.sim.world.after(max(0.0, due), lambda: self._watchdog(lease), self.name)
+
+    def _watchdog(self, lease: Lease) -> None:
+        if self.lease is not lease or self.lost or not self.watchdog:
+            return
+        self.api.elapsed = 0.0
+        if lease.remaining() > 0:
+            self.watch()  # renewed meanwhile
+            return
+        self.lose()
+
+    def lose(self) -> None:
+        self.lost = True
+        self.next_claim()
+
+    def next_claim(self) -> None:
+        self.lease = None
+        self.claim_id = new_claim_id()
+        self.waiting_since = self.sim.world.now
+        self.schedule(POLL, self.claim)
+
+    def renew(self) -> None:
+        lease = self.lease
+        if lease is None or self.lost:
+            return
+        self.sim.ops += 1
+        if lease.remaining() <= 0:
+            self.lose()
+            return
+        try:
+            lease.renew()
+        except LeaseLostError:
+            self.lose()
+            return
+        except Exception:
+            self.failures += 1
+            self.schedule(retry_delay(self.failures), self.renew)
+            return
+        self.failures = 0
+        self.schedule(self.interval, self.renew)
+
+    def act(self) -> None:
+        lease = self.lease
+        if lease is None or self.lost:
+            return
+        self.sim.ops += 1
+        if not self.run_like and not lease.valid():  # Holding.check()
+            if lease.remaining() <= 0:
+                self.lose()
+            return
+        if self.run_like and self.sentinel and self.clock.local(self.sim.world.now) \
+                >= lease.deadline:
+            self.lose()  # the sentinel killed the command at the last deadline it was sent
+            return
+        self.sim.note(f"{self.name:>8} acts under {lease.token} of {lease.name}")
+        self.sim.oracles.on_effect(self, lease)
+        self.effects += 1
+        token, resource = lease.token, lease.name
+        transit = self.api.rtt
+        if self.sim.world.rng.random() < self.sim.config.pause:
+            pause = self.sim.world.rng.uniform(0.5, 3 * self.sim.config.duration)
+            self.sim.world.paused_until[self.name] = self.sim.world.now + pause
+            transit += pause  # the write was on its way when the process stopped
+        self.sim.world.after(transit, lambda: self.sim.deliver(resource, token), "")
+        if self.effects >= self.sim.config.effects:
+            self.schedule(0.01, self.complete)
+        else:
+            self.schedule(self.sim.world.rng.uniform(0.05, self.interval), self.act,
+                          self.command)
+
+    def complete(self) -> None:
+        lease = self.lease
+        if lease is None or self.lost:
+            return
+        self.sim.ops += 1
+        try:
+            lease.complete("done")
+        except LeaseLostError:
+            self.lose()
+            return
+        except LeaseError:
+            self.lose()
+            return
+        except Exception:
+            self.schedule(retry_delay(1), self.complete)
+            return
+        self.lease = None
+        self.sim.completed += 1
+        self.pick_another()
+
+
+class Operator:
+    """The real ``Reconciler`` over a watch fed from the model's event log (with gaps)."""
+
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
+        world = sim.world
+        self.clock = LocalClock(world.rng.uniform(0, 1e4),
+                                world.rng.uniform(-sim.config.drift, sim.config.drift))
+        self.api = SimApi(world, sim.server, self.clock, "operator")
+        self.start()
+
+    def start(self) -> None:
+        self.view = LeaseView()
+        self.reconciler = Reconciler(LeaseStore(self.api), self.view,  # type: ignore[arg-type]
+                                     DEFAULT_MARGIN + timedelta(milliseconds=5))
+        self.seen = len(self.sim.server.events)
+        for obj in self.sim.server.list():  # the initial list
+            self._put(obj)
+        self.sim.operator_up, self.sim.operator_since = True, self.sim.world.now
+        self.sim.world.after(0.01, self.tick, "operator")
+
+    def _put(self, obj: dict[str, Any]) -> None:
+        with contextlib.suppress(Exception):  # an unreadable object: skipped, like the handler
+            self.view.put(Observed.from_object(obj))
+
+    def tick(self) -> None:
+        sim = self.sim
+        self.api.elapsed = 0.0
+        if sim.world.rng.random() < sim.config.operator_crash:
+            sim.operator_up = False
+            sim.world.after(sim.world.rng.uniform(0.5, 3.0), self.start, "operator")
+            return
+        if sim.world.rng.random() < 0.02:  # a watch gap: resume by relisting
+            self.view = LeaseView()
+            self.reconciler.view = self.view
+            for obj in sim.server.list():
+                self._put(obj)
+        else:
+            for event in sim.server.events[self.seen:]:
+                obs = Observed.from_object(event.obj) if event.type != "DELETED" else None
+                if obs is None:
+                    meta = event.obj["metadata"]
+                    self.view.drop(meta["namespace"], meta["name"], meta["uid"])
+                else:
+                    self.view.put(obs)
+        self.seen = len(sim.server.events)
+        sim.maybe_recreate()
+        try:
+            wait = self.reconciler.pass_once()
+        except Exception:
+            wait = 1.0
+        sim.ops += 1
+        sim.world.after(self.api.elapsed + min(wait, 1.0), self.tick, "operator")
+
+
+class Simulation:
+    """One seed: build the world, run it, report the oracles."""
+
+    def __init__(self, seed: int, config: Config | None = None, trace: bool = False) -> None:
+        self.world = World(seed)
+        drawn = Config.draw(self.world)  # always drawn, so a seed means the same world
+        self.config = config or drawn
+        self.tracing = trace
+        self.trace: list[str] = []
+        self.server = ModelServer()
+        self.lease_names = [f"job-{i}" for i in range(self.config.leases)]
+        self.hostile_name = "hostile" if self.config.hostile else ""
+        self.target = TokenGate()
+        self.target_history: dict[str, list[FencingToken]] = {}
+        self.oracles = Oracles(self)
+        self.workers: list[Worker] = []
+        self.ops = 0
+        self.completed = 0
+        self.operator_up, self.operator_since = False, 0.0
+        self._watch_writes()
+
+    def _watch_writes(self) -> None:
+        patch = self.server.patch_status
+
+        def recorded(name: str, body: dict[str, Any], writer: str = "") -> dict[str, Any]:
+            before = dict((self.server.objects.get(name) or {}).get("status") or {})
+            after = patch(name, body)
+            if self.tracing:
+                st = after.get("status") or {}
+                self.trace.append(f"t={self.world.now:9.3f} {self._writer:>8} wrote {name}: "
+                                  f"{st.get('phase')} {st.get('holder')} "
+                                  f"{st.get('epoch')}/{st.get('generation')} "
+                                  f"until {st.get('leaseUntil')}")
+            self.oracles.on_write(self._writer, name, before, after.get("status") or {},
+                                  after["metadata"]["uid"])
+            return after
+
+        self._writer = "operator"
+        self.server.patch_status = recorded  # type: ignore[method-assign]
+
+    def run(self) -> Simulation:
+        for name in self.lease_names:
+            self.server.create(name, {"leaseDurationSeconds": self.config.duration})
+        if self.hostile_name:
+            obj = self.server.create(self.hostile_name, {"leaseDurationSeconds": 86400})
+            self.server.objects[self.hostile_name]["status"] = {  # written before the CRD's bounds
+                "phase": "Held", "holder": "h", "generation": 1, "epoch": 1,
+                "renewTime": "9999-12-31T00:00:00.000Z",
+                "leaseUntil": "9999-12-31T23:59:59.999Z"}
+            del obj
+        self.operator = Operator(self)
+        for _ in range(self.config.workers):
+            self.spawn()
+        self.world.run_until(self.config.seconds, self.oracles.at_step)
+        return self
+
+    def spawn(self) -> None:
+        worker = Worker(self, len(self.workers))
+        self.workers.append(worker)
+        api_request = worker.api.request
+
+        def request(method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+            self._writer = worker.name
+            try:
+                return api_request(method, path, body, **kwargs)
+            finally:
+                self._writer = "operator"
+
+        worker.api.request = request  # type: ignore[method-assign]
+        worker.schedule(self.world.rng.uniform(0, 0.5), worker.claim)
+
+    def note(self, text: str) -> None:
+        if self.tracing:
+            self.trace.append(f"t={self.world.now:9.3f} {text}")
+
+    def deliver(self, resource: str, token: FencingToken) -> None:
+        try:
+            self.target.accept(resource, token)
+            self.oracles.on_target(resource, token, True)
+        except StaleTokenError:
+            self.oracles.on_target(resource, token, False)
+
+    def maybe_recreate(self) -> None:
+        if self.world.rng.random() >= self.config.recreate:
+            return
+        name = self.world.rng.choice(self.lease_names)
+        if name in self.server.objects:
+            self.server.delete(name)
+            self.server.create(name, {"leaseDurationSeconds": self.config.duration})
+
+    def liveness_applies(self, orphans: bool = False) -> bool:
+        f = self.config.faults
+        if orphans:  # lost answers must be recognised whatever else happens
+            return not self.config.beyond_drift and self.config.pause == 0
+        return (not self.config.beyond_drift and self.config.pause == 0
+                and f.request_lost == f.response_lost == f.hung == f.exception == 0
+                and f.conflict_storm == 0)
+
+    def claim_allowance(self) -> float:
+        return DEFAULT_MARGIN.total_seconds() + 1.0 + POLL + 0.1  # margin + Date error + poll
+
+    def expiry_allowance(self) -> float:
+        return DEFAULT_MARGIN.total_seconds() + 1.0 + 1.0 + 0.2  # margin + Date error + pass
+
+    def summary(self) -> dict[str, Any]:
+        return {"seed": self.world.seed, "ops": self.ops, "completed": self.completed,
+                "faults": dict(self.config.faults.counts),
+                "violations": dict(self.oracles.violations),
+                "messages": self.oracles.messages}
+
+
+def shrink(seed: int, config: Config | None = None) -> Simulation:
+    """The smallest configuration that still fails with ``seed`` (greedy, one knob at a time).
+
+    Each candidate keeps the seed; a change that makes the failure disappear is undone.
+    """
+    current = config or Simulation(seed).config
+    fails = Simulation(seed, current).run()
+    if not fails.oracles.violations:
+        return fails
+    candidates = [
+        lambda c: replace(c, seconds=max(2.0, c.seconds / 2)),
+        lambda c: replace(c, workers=max(1, c.workers - 1)),
+        lambda c: replace(c, leases=max(1, c.leases - 1)),
+        lambda c: replace(c, pause=0.0), lambda c: replace(c, crash=0.0),
+        lambda c: replace(c, recreate=0.0), lambda c: replace(c, operator_crash=0.0),
+        lambda c: replace(c, hostile=False),
+        *(lambda c, n=name: replace(c, faults=replace(c.faults, **{n: 0.0}))
+          for name in ("request_lost", "response_lost", "hung", "conflict_storm", "exception")),
+    ]
+    improved = True
+    while improved:
+        improved = False
+        for change in candidates:
+            smaller = change(current)
+            if smaller == current:
+                continue
+            smaller = replace(smaller, faults=replace(smaller.faults, counts={}))
+            if Simulation(seed, smaller).run().oracles.violations:
+                current, improved = smaller, True
+    return Simulation(seed, replace(current, faults=replace(current.faults, counts={})),
+                      trace=True).run()
