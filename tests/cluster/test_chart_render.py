@@ -156,7 +156,7 @@ def test_service_monitor_without_metrics_is_refused_with_the_reason() -> None:
 def test_bad_scrape_interval_is_refused_by_the_schema() -> None:
     out = helm(None, "template", "jl", str(CHART), "--set", "serviceMonitor.interval=30 seconds",
                check=False)
-    assert out.returncode != 0 and "serviceMonitor.interval" in out.stderr, out.stderr
+    assert out.returncode != 0 and "/serviceMonitor/interval" in out.stderr, out.stderr
 
 
 def test_prometheus_rule_renders_exactly_the_promtool_tested_file() -> None:
