@@ -13,6 +13,7 @@ expiry and one through Failed, scrapes ``/metrics`` and
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -28,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from joblease import Phase
+from joblease.domain.errors import LeaseFinishedError
 from joblease.domain.token import FencingToken
 from joblease.fencing import StaleTokenError, TokenGate
 from joblease.sdk.client import LeaseClient
@@ -70,8 +72,19 @@ def fencing_samples() -> list[Sample]:
             if s.name.startswith("joblease_fencing_")]
 
 
+def expressions(path: Path) -> list[str]:
+    """The PromQL of every alert (``expr``) or every panel target (``targets[].expr``)."""
+    if path.suffix == ".json":
+        return [t["expr"] for p in json.loads(path.read_text())["panels"]
+                for t in p.get("targets", [])]
+    doc = yaml.safe_load(path.read_text())
+    return [r["expr"] for g in doc["groups"] for r in g["rules"]]
+
+
 def referenced(path: Path) -> set[str]:
-    return set(METRIC.findall(path.read_text()))
+    names = {n for e in expressions(path) for n in METRIC.findall(e)}
+    assert names, f"no joblease_* metric found in {path.name}"
+    return names
 
 
 def defined_in_code(name: str) -> bool:
@@ -130,7 +143,8 @@ def test_rules_and_dashboard_match_a_live_operator(
     wait_for(lambda: all(o.has_status for o in leases.store.list(leases.namespace)), 10,
              "initial statuses")
     leases.claim("expires", holder="a")
-    leases.claim("fails", holder="a").release(failed=True)  # the last attempt: Failed
+    with pytest.raises(LeaseFinishedError):  # the last attempt: the release writes Failed
+        leases.claim("fails", holder="a").release(failed=True)
     wait_for(lambda: leases.get("expires").status.phase is Phase.EXPIRED, 8, "Expired")
     assert leases.get("fails").status.phase is Phase.FAILED
 
