@@ -125,6 +125,10 @@ class PostgresFence:
     ) -> Applied[T] | Duplicate:
         """Run ``fn`` in the same transaction as the fencing check, if ``token`` may write.
 
+        Accepted writes are counted in :mod:`joblease.fencing.metrics` once the transaction
+        (or savepoint) is released, refusals when the check refuses (``helper="postgres"``),
+        so a worker can publish how often its writes arrive too late.
+
         Args:
             conn: The connection; ``fn`` gets a cursor on it.
             resource: The fenced resource (what the token is for, e.g. the job id).
@@ -139,9 +143,6 @@ class PostgresFence:
 
         Raises:
             StaleTokenError: ``token`` is lower than the stored one (names both).
-
-        Accepted writes are counted in :mod:`joblease.fencing.metrics` once the transaction
-        (or savepoint) is released, refusals when the check refuses (``helper="postgres"``).
 
         """
         outcome = self._write(conn, resource, token, idempotency_key, fn)
