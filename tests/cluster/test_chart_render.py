@@ -198,3 +198,13 @@ def test_pod_disruption_budget_only_with_more_than_one_replica() -> None:
         "PodDisruptionBudget/jl-joblease-operator"]["spec"]["minAvailable"] == "50%"
     assert not [k for k in render("replicaCount=2", "podDisruptionBudget.enabled=false")
                 if k.startswith("PodDisruptionBudget/")]
+
+
+def test_notes_warn_when_rules_come_without_the_service_monitor() -> None:
+    def notes(*sets: str) -> str:
+        return helm(None, "install", "jl", str(CHART), "--dry-run=client", "-n", "js",
+                    *[a for s in sets for a in ("--set", s)]).stdout
+
+    assert 'scrape job to be named\n   "joblease-operator"' in notes("prometheusRule.enabled=true")
+    assert "scrape job to be named" not in notes("prometheusRule.enabled=true",
+                                                 "serviceMonitor.enabled=true")
