@@ -19,8 +19,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 setup: $(STAMP) ## create .venv with the pinned dependencies
 
-binaries: setup ## build (or reuse) the control plane, kwok, helm, and the real node's kubelet, containerd, buildkit
-	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm \
+binaries: setup ## build (or reuse) the control plane, kwok, helm, promtool, and the real node's kubelet, containerd, buildkit
+	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm promtool \
 	  kubelet containerd containerd-shim-runc-v2 ctr buildkitd buildctl
 
 control-plane: setup ## build (or reuse) only etcd and the control plane (demo, bench)

@@ -34,10 +34,12 @@ E2E_ENV = "JOBLEASE_E2E_KUBECONFIG"
 # Contexts the suite may create and delete namespaces, CRDs and RBAC in.
 E2E_CONTEXT_ALLOW = ("kind-*", "joblease-local*")
 E2E_IDENTITY_NAMESPACE = "joblease-e2e-identities"
-MARK_BY_DIRECTORY = {"cluster": "cluster", "unit": "unit", "node": "node", "sim": "unit"}
+MARK_BY_DIRECTORY = {"cluster": "cluster", "unit": "unit", "node": "node", "sim": "unit",
+                     "ops": "ops"}
 
 _CLUSTER_KEY = pytest.StashKey["ClusterHandle"]()
 _BUILD_ERROR_KEY = pytest.StashKey[Exception | None]()
+_PROMTOOL_ERROR_KEY = pytest.StashKey[Exception | None]()
 
 
 class ExternalCluster:
@@ -102,7 +104,7 @@ class ExternalCluster:
 # -- collection --------------------------------------------------------------------------
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by directory: ``tests/cluster/`` → cluster, ``tests/unit/`` → unit."""
+    """Mark tests by directory: ``tests/cluster/`` → cluster, ``tests/unit/`` → unit, ..."""
     for item in items:
         try:
             first = item.path.resolve().relative_to(TESTS).parts[0]
@@ -121,6 +123,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     with the build's message rather than being skipped.
     """
     session.config.stash[_BUILD_ERROR_KEY] = None
+    session.config.stash[_PROMTOOL_ERROR_KEY] = None
+    needs_promtool = any("promtool" in getattr(item, "fixturenames", ())
+                         for item in session.items)
+    if needs_promtool and not session.config.option.collectonly:
+        try:
+            build.ensure_binaries(["promtool"])
+        except build.BuildError as err:
+            session.config.stash[_PROMTOOL_ERROR_KEY] = err
     needs_cluster = any(item.get_closest_marker("cluster") for item in session.items)
     if not needs_cluster or os.environ.get(E2E_ENV) or session.config.option.collectonly:
         return
@@ -176,6 +186,18 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         yield local
     finally:
         local.stop()
+
+
+@pytest.fixture(scope="session")
+def promtool(request: pytest.FixtureRequest) -> Path:
+    """promtool (``joblease build promtool``), built before the first test if missing.
+
+    A failed build is raised, so every test that needs promtool errors, never skips.
+    """
+    error = request.config.stash.get(_PROMTOOL_ERROR_KEY, None)
+    if error is not None:
+        raise error
+    return build.ensure_binaries(["promtool"])["promtool"]
 
 
 @pytest.fixture(scope="session")

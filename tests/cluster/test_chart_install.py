@@ -54,3 +54,13 @@ def test_uninstall_keeps_the_crd(kwok_cluster: LocalCluster) -> None:
     assert crd.returncode == 0, crd.stderr
     gone = kwok_cluster.kubectl("get", "clusterrole", "jl-extra-joblease-operator")
     assert gone.returncode != 0
+
+
+def test_default_install_needs_no_prometheus_operator_crds(kwok_cluster: LocalCluster,
+                                                           release: str) -> None:
+    """ServiceMonitor and PrometheusRule are opt-in: this cluster has neither CRD."""
+    for crd in ("servicemonitors.monitoring.coreos.com", "prometheusrules.monitoring.coreos.com"):
+        out = kwok_cluster.kubectl("get", "crd", crd)
+        assert out.returncode != 0 and "NotFound" in out.stderr, out.stderr
+    listed = helm(kwok_cluster.kubeconfig, "list", "-n", RELEASE_NS, "-o", "json")
+    assert f'"name":"{release}"' in listed.stdout and '"status":"deployed"' in listed.stdout

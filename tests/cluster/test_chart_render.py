@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -113,3 +114,97 @@ def test_replicas_on_a_host_network_with_ports_are_refused_with_the_fix() -> Non
                "--set", "replicaCount=2", check=False)
     assert out.returncode != 0
     assert "needs probe.mode=exec and metrics.enabled=false" in out.stderr, out.stderr
+
+
+# -- day-two operations: ServiceMonitor, PrometheusRule, dashboard, PodDisruptionBudget ---
+
+FILES = CHART / "files"
+
+
+def test_monitoring_objects_are_off_by_default() -> None:
+    """Off by default: the chart must install without the Prometheus Operator's CRDs."""
+    kinds = {k.split("/")[0] for k in render()}
+    assert not kinds & {"ServiceMonitor", "PrometheusRule", "ConfigMap", "PodDisruptionBudget"}
+
+
+def test_service_monitor_selects_the_metrics_service_and_names_the_job() -> None:
+    objs = render("serviceMonitor.enabled=true", "serviceMonitor.labels.release=kps",
+                  "serviceMonitor.interval=15s")
+    monitor = objs["ServiceMonitor/jl-joblease-operator"]
+    service = objs["Service/jl-joblease-operator-metrics"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["joblease-system"]}
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["port"] == service["spec"]["ports"][0]["name"] == "metrics"
+    assert (endpoint["interval"], endpoint["scrapeTimeout"]) == ("15s", "10s")
+    # The alert rules select job="joblease-operator": the monitor must produce that job.
+    assert {"action": "replace", "targetLabel": "job",
+            "replacement": "joblease-operator"} in endpoint["relabelings"]
+    rules = yaml.safe_load((FILES / "alerts.yaml").read_text())
+    assert 'up{job="joblease-operator"}' in str(rules)
+
+
+def test_service_monitor_without_metrics_is_refused_with_the_reason() -> None:
+    out = helm(None, "template", "jl", str(CHART), "--set", "serviceMonitor.enabled=true",
+               "--set", "metrics.enabled=false", check=False)
+    assert out.returncode != 0
+    assert "serviceMonitor.enabled needs metrics.enabled" in out.stderr, out.stderr
+
+
+def test_bad_scrape_interval_is_refused_by_the_schema() -> None:
+    out = helm(None, "template", "jl", str(CHART), "--set", "serviceMonitor.interval=30 seconds",
+               check=False)
+    assert out.returncode != 0 and "/serviceMonitor/interval" in out.stderr, out.stderr
+
+
+def test_prometheus_rule_renders_exactly_the_promtool_tested_file() -> None:
+    rule = render("prometheusRule.enabled=true")["PrometheusRule/jl-joblease-operator"]
+    assert rule["spec"]["groups"] == yaml.safe_load((FILES / "alerts.yaml").read_text())["groups"]
+
+
+def test_alert_labels_are_added_and_the_rules_own_labels_win() -> None:
+    rule = render("prometheusRule.enabled=true", "prometheusRule.alertLabels.team=payments",
+                  "prometheusRule.alertLabels.severity=info")["PrometheusRule/jl-joblease-operator"]
+    shipped = {r["alert"]: r for g in yaml.safe_load((FILES / "alerts.yaml").read_text())["groups"]
+               for r in g["rules"]}
+    rendered = [r for g in rule["spec"]["groups"] for r in g["rules"]]
+    assert len(rendered) == len(shipped)
+    for r in rendered:
+        assert r["labels"] == {**shipped[r["alert"]]["labels"], "team": "payments"}
+        assert r["expr"] == shipped[r["alert"]]["expr"]
+
+
+def test_dashboard_config_map_carries_the_file_and_the_sidecar_label() -> None:
+    cm = render("grafana.dashboard.enabled=true",
+                "grafana.dashboard.annotations.grafana_folder=joblease"
+                )["ConfigMap/jl-joblease-operator-dashboard"]
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "joblease"}
+    assert json.loads(cm["data"]["joblease.json"]) == json.loads(
+        (FILES / "dashboard.json").read_text())
+
+
+def test_pod_disruption_budget_only_with_more_than_one_replica() -> None:
+    assert not [k for k in render() if k.startswith("PodDisruptionBudget/")]
+    objs = render("replicaCount=2")
+    pdb = objs["PodDisruptionBudget/jl-joblease-operator"]
+    deploy = objs["Deployment/jl-joblease-operator"]
+    assert pdb["spec"]["selector"] == deploy["spec"]["selector"]
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert render("replicaCount=3", "podDisruptionBudget.minAvailable=50%")[
+        "PodDisruptionBudget/jl-joblease-operator"]["spec"]["minAvailable"] == "50%"
+    assert not [k for k in render("replicaCount=2", "podDisruptionBudget.enabled=false")
+                if k.startswith("PodDisruptionBudget/")]
+
+
+def test_notes_warn_when_rules_come_without_the_service_monitor() -> None:
+    def notes(*sets: str) -> str:
+        return helm(None, "install", "jl", str(CHART), "--dry-run=client", "-n", "js",
+                    *[a for s in sets for a in ("--set", s)]).stdout
+
+    assert 'scrape job to be named\n   "joblease-operator"' in notes("prometheusRule.enabled=true")
+    assert "scrape job to be named" not in notes("prometheusRule.enabled=true",
+                                                 "serviceMonitor.enabled=true")

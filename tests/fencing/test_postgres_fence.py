@@ -292,3 +292,55 @@ def test_async_variant_has_the_same_semantics(fresh_dsn: str) -> None:
                 assert await cur.fetchall() == [("4711/8",)]
 
     asyncio.run(scenario())
+
+
+def _pg_counts() -> tuple[float, float, float]:
+    from prometheus_client import REGISTRY
+
+    def value(name: str, labels: dict[str, str]) -> float:
+        found = REGISTRY.get_sample_value(name, labels)
+        assert found is not None, f"{name}{labels} is not exported"
+        return found
+
+    return (value("joblease_fencing_accepted_total", {"helper": "postgres", "result": "applied"}),
+            value("joblease_fencing_accepted_total",
+                  {"helper": "postgres", "result": "duplicate"}),
+            value("joblease_fencing_refused_total", {"helper": "postgres"}))
+
+
+def test_counters_move_on_applied_duplicate_refused_and_not_on_a_failed_write(
+        conn: psycopg.Connection[Any]) -> None:
+    before = _pg_counts()
+    FENCE.write(conn, "job-m", T7, "a", put("seven", T7, "job-m"))
+    FENCE.write(conn, "job-m", T7, "a", put("seven", T7, "job-m"))  # duplicate
+    FENCE.write(conn, "job-m", T8, "b", put("eight", T8, "job-m"))
+    with pytest.raises(StaleTokenError):
+        FENCE.write(conn, "job-m", T7, "c", put("late", T7, "job-m"))
+
+    def fails(cur: psycopg.Cursor[Any]) -> None:
+        raise RuntimeError("the caller's write failed")
+
+    with pytest.raises(RuntimeError):
+        FENCE.write(conn, "job-m", T8, "d", fails)  # rolled back: neither accepted nor refused
+    after = _pg_counts()
+    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (2, 1, 1)
+
+
+def test_async_counters_move_like_the_sync_ones(fresh_dsn: str) -> None:
+    fence = AsyncPostgresFence()
+
+    async def noop(cur: psycopg.AsyncCursor[Any]) -> None:
+        return None
+
+    async def scenario() -> None:
+        async with await psycopg.AsyncConnection.connect(fresh_dsn) as c:
+            await fence.install(c)
+            await fence.write(c, "job-am", T8, "k", noop)
+            await fence.write(c, "job-am", T8, "k", noop)
+            with pytest.raises(StaleTokenError):
+                await fence.write(c, "job-am", T7, "k", noop)
+
+    before = _pg_counts()
+    asyncio.run(scenario())
+    after = _pg_counts()
+    assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 1, 1)

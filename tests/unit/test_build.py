@@ -55,3 +55,13 @@ def test_progress_writes_plain_lines_when_not_a_terminal() -> None:
     assert any("still running" in line for line in lines[1:-1])
     assert lines[-1].startswith("[joblease build] building thing: done in ")
     assert "\r" not in out.getvalue()
+
+
+def test_promtool_has_its_own_versioned_folder(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBLEASE_CACHE_DIR", str(tmp_path))
+    assert build.bin_dir_for("promtool") == (
+        tmp_path / "bin" / f"promtool-{build.PROMETHEUS_VERSION}")
+    # Prometheus 3.MM.P is published as Go module version v0.3MM.P: keep the two in step.
+    major, minor, patch = build.PROMETHEUS_RELEASE.split(".")
+    assert f"v0.{major}{int(minor):02d}.{patch}" == build.PROMETHEUS_VERSION

@@ -55,6 +55,7 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     margin = margin_from_env() + timedelta(seconds=error)
     events = EventPoster(LeaseStore(api))
     memo["events"] = events
+    metrics.OVERDUE.watch(VIEW.snapshot, api.server_now)
     reconciler = Reconciler(LeaseStore(api), VIEW, margin, events=events,
                             writers=writers_from_env())
     delegator = Delegator(LeaseStore(api), PodStore(api), VIEW, PODS, margin,
@@ -101,6 +102,7 @@ def on_lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
         VIEW.drop(obs.namespace, obs.name, obs.uid)
         return
     previous = VIEW.put(obs)
+    metrics.count_failed(previous, obs)
     transition = observed_transition(previous, obs)
     if transition is None:
         return

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from joblease.controller import metrics
+
 # What the chart's exec probes run: ``python -I -c PROBE_SOURCE PATH MAX_AGE``. Exit 0 when
 # the file was touched within MAX_AGE seconds; otherwise a message naming the age (or the
 # missing file) and exit 1.
@@ -35,7 +37,12 @@ class Heartbeat:
         self.path = path
 
     def beat(self) -> None:
-        """Mark the operator alive now (creates the file on the first beat)."""
+        """Mark the operator alive now (creates the file on the first beat).
+
+        Also sets ``joblease_operator_last_pass_timestamp_seconds``, the same fact for
+        Prometheus (the ``JobleaseOperatorNotReconciling`` alert), with or without a file.
+        """
+        metrics.LAST_PASS.set_to_current_time()
         if self.path is None:
             return
         self.path.touch(exist_ok=True)  # sets the mtime of an existing file too

@@ -15,6 +15,8 @@ Modules:
         atomically renamed file).
     postgres: :class:`PostgresFence`, the same check as one PostgreSQL transaction (psycopg 3).
     http_example: a runnable, fenced stdlib HTTP endpoint (documented in ``docs/fencing.md``).
+    metrics: Prometheus counters of accepted and refused writes, per helper (every helper
+        above counts; ``docs/operations.md``).
 
 ``postgres`` needs the optional ``psycopg`` dependency, so it is not imported here.
 """

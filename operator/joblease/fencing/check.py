@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from joblease.domain.token import FencingToken
+from joblease.fencing import metrics
 from joblease.fencing.errors import StaleTokenError
 from joblease.fencing.result import Applied, Decision, Duplicate
 
@@ -131,7 +132,9 @@ class TokenGate:
         """Check ``token`` and run ``fn`` as one step while holding the resource's lock.
 
         The token is recorded only if ``fn`` returns; if it raises, the gate is unchanged
-        and the exception propagates (``fn`` itself must leave no partial effect).
+        and the exception propagates (``fn`` itself must leave no partial effect). Accepted
+        and refused writes are counted in :mod:`joblease.fencing.metrics` (``helper="gate"``);
+        a write whose ``fn`` raised is neither.
 
         Args:
             resource: The fenced resource.
@@ -149,11 +152,17 @@ class TokenGate:
         """
         with self._lock_for(resource):
             state = self._states.get(resource)
-            decision, new_state = decide(state, resource, token, idempotency_key)
+            try:
+                decision, new_state = decide(state, resource, token, idempotency_key)
+            except StaleTokenError:
+                metrics.count_refused("gate")
+                raise
             if isinstance(decision, Duplicate):
+                metrics.count_accepted("gate", duplicate=True)
                 return decision
             value = fn()
             self._states[resource] = new_state
+            metrics.count_accepted("gate", duplicate=False)
             return Applied(decision.resource, decision.token, decision.previous, value)
 
     def highest(self, resource: str) -> FencingToken | None:

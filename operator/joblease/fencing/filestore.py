@@ -34,7 +34,9 @@ from typing import Any
 from urllib.parse import quote
 
 from joblease.domain.token import FencingToken
+from joblease.fencing import metrics
 from joblease.fencing.check import FenceState, decide
+from joblease.fencing.errors import StaleTokenError
 from joblease.fencing.result import Decision, Duplicate
 
 
@@ -69,16 +71,24 @@ class FencedFileStore:
             ``(token, key)`` was stored before (the value is then left as it is).
 
         Raises:
-            StaleTokenError: ``token`` is lower than the highest stored for ``resource``.
+            StaleTokenError: ``token`` is lower than the highest stored for ``resource``
+                (counted in :mod:`joblease.fencing.metrics`, ``helper="filestore"``, like
+                every accepted write).
 
         """
         encoded = json.dumps(value)  # fail on unserializable values before touching disk
         with self._locked(resource):
             stored = self._read(resource)
             state = None if stored is None else stored[0]
-            decision, new_state = decide(state, resource, token, idempotency_key)
-            if not isinstance(decision, Duplicate):
+            try:
+                decision, new_state = decide(state, resource, token, idempotency_key)
+            except StaleTokenError:
+                metrics.count_refused("filestore")
+                raise
+            duplicate = isinstance(decision, Duplicate)
+            if not duplicate:
                 self._write(resource, new_state, encoded)
+            metrics.count_accepted("filestore", duplicate=duplicate)
             return decision
 
     def get(self, resource: str) -> tuple[Any, FencingToken] | None:

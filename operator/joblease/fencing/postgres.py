@@ -63,6 +63,7 @@ import psycopg
 from psycopg.rows import tuple_row
 
 from joblease.domain.token import FencingToken
+from joblease.fencing import metrics
 from joblease.fencing.errors import StaleTokenError
 from joblease.fencing.result import Applied, Duplicate
 
@@ -124,6 +125,10 @@ class PostgresFence:
     ) -> Applied[T] | Duplicate:
         """Run ``fn`` in the same transaction as the fencing check, if ``token`` may write.
 
+        Accepted writes are counted in :mod:`joblease.fencing.metrics` once the transaction
+        (or savepoint) is released, refusals when the check refuses (``helper="postgres"``),
+        so a worker can publish how often its writes arrive too late.
+
         Args:
             conn: The connection; ``fn`` gets a cursor on it.
             resource: The fenced resource (what the token is for, e.g. the job id).
@@ -140,6 +145,18 @@ class PostgresFence:
             StaleTokenError: ``token`` is lower than the stored one (names both).
 
         """
+        outcome = self._write(conn, resource, token, idempotency_key, fn)
+        metrics.count_accepted("postgres", duplicate=isinstance(outcome, Duplicate))
+        return outcome
+
+    def _write(
+        self,
+        conn: psycopg.Connection[Any],
+        resource: str,
+        token: FencingToken,
+        idempotency_key: str | None,
+        fn: Callable[[psycopg.Cursor[Any]], T],
+    ) -> Applied[T] | Duplicate:
         with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
             created = _execute_one(cur, _ensure_row(resource, token)) is not None
             previous = _check(resource, token, _execute_one(cur, _lock_row(resource, token)))
@@ -187,6 +204,18 @@ class AsyncPostgresFence:
             StaleTokenError: ``token`` is lower than the stored one (names both).
 
         """
+        outcome = await self._write(conn, resource, token, idempotency_key, fn)
+        metrics.count_accepted("postgres", duplicate=isinstance(outcome, Duplicate))
+        return outcome
+
+    async def _write(
+        self,
+        conn: psycopg.AsyncConnection[Any],
+        resource: str,
+        token: FencingToken,
+        idempotency_key: str | None,
+        fn: Callable[[psycopg.AsyncCursor[Any]], Awaitable[T]],
+    ) -> Applied[T] | Duplicate:
         async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
             await cur.execute(*_ensure_row(resource, token))
             created = await cur.fetchone() is not None
@@ -228,6 +257,7 @@ def _check(resource: str, token: FencingToken, locked: tuple[Any, ...] | None) -
         raise RuntimeError(f"fence row for {resource!r} vanished while being locked")
     stored = FencingToken(int(locked[0]), int(locked[1]))
     if locked[2]:
+        metrics.count_refused("postgres")  # the decision; the rollback follows
         raise StaleTokenError(resource, token, stored)
     return stored
 

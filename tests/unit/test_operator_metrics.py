@@ -1,0 +1,69 @@
+"""The operator metrics that alerts depend on: overdue leases, Failed transitions, last pass."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from prometheus_client import REGISTRY
+
+from joblease.controller import metrics
+from joblease.controller.heartbeat import Heartbeat
+from joblease.domain.clock import ServerNow
+from joblease.domain.lease import LeaseSpec, LeaseStatus, Observed, Phase
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+
+
+def lease(name: str, phase: Phase, until: datetime | None) -> Observed:
+    status = LeaseStatus(phase=phase, holder="a", generation=1, epoch=1, acquire_time=T0,
+                         renew_time=T0, lease_until=until)
+    return Observed("ns", name, f"uid-{name}", "5", 1, LeaseSpec(), status)
+
+
+def test_overdue_counts_only_held_leases_certainly_past_lease_until() -> None:
+    leases = [lease("late-30", Phase.HELD, T0 - timedelta(seconds=30)),
+              lease("late-2", Phase.HELD, T0 - timedelta(seconds=2)),
+              lease("in-time", Phase.HELD, T0 + timedelta(seconds=5)),
+              lease("expired", Phase.EXPIRED, T0 - timedelta(seconds=99)),
+              lease("no-until", Phase.AVAILABLE, None)]
+    collector = metrics.OverdueCollector()
+    assert collector.measure() == (0, 0.0)  # before the operator starts: nothing is known
+    # The clock interval is [T0 - 1 s, T0 + 1 s]: only the earliest bound counts as "past".
+    collector.watch(lambda: leases,
+                    lambda: ServerNow(T0 - timedelta(seconds=1), T0 + timedelta(seconds=1)))
+    assert collector.measure() == (2, 29.0)
+
+
+def test_overdue_gauges_are_on_the_default_registry() -> None:
+    assert REGISTRY.get_sample_value("joblease_leases_overdue") is not None
+    assert REGISTRY.get_sample_value("joblease_lease_overdue_max_seconds") is not None
+
+
+def failed_count() -> float:
+    value = REGISTRY.get_sample_value("joblease_transitions_total", {"kind": "failed"})
+    assert value is not None, "the failed series must be exported from the start"
+    return value
+
+
+def test_failed_is_counted_once_on_the_transition_into_failed() -> None:
+    held = lease("job", Phase.HELD, T0)
+    failed = replace(held, resource_version="6",
+                     status=replace(held.status, phase=Phase.FAILED, lease_until=None))
+    before = failed_count()
+    metrics.count_failed(None, failed)     # first sight (a restart's list): not a transition
+    metrics.count_failed(failed, failed)   # already Failed (e.g. this operator's own write)
+    assert failed_count() == before
+    metrics.count_failed(held, failed)
+    assert failed_count() == before + 1
+
+
+def test_heartbeat_sets_the_last_pass_gauge_without_a_file() -> None:
+    started = time.time()
+    Heartbeat(None).beat()
+    value = REGISTRY.get_sample_value("joblease_operator_last_pass_timestamp_seconds")
+    assert value is not None and started <= value <= time.time()
