@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # The joblease operator image (also usable for workers: it holds the SDK and the CLI).
 #
-# Built in the tests with BuildKit (joblease.localcluster.buildkit, FROM a local mmdebstrap
+# Built in the tests with BuildKit (joblease_localcluster.buildkit, FROM a local mmdebstrap
 # base) and elsewhere with Docker:
 #   docker build -t localhost/joblease-operator:dev .
 #

@@ -34,8 +34,8 @@ from bench.common import (
 from joblease.domain.lease import parse_time
 from joblease.kube.api import KubeApi
 from joblease.kube.leases import LeaseStore
-from joblease.localcluster.process import free_port
 from joblease.sdk.client import Lease, LeaseClient
+from joblease_localcluster.process import free_port
 
 RENEW_DURATION = 30
 PACED_RATE = 25.0  # claims/s in the paced expiry run: below the operator's write rate

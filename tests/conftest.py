@@ -1,6 +1,6 @@
 """Test infrastructure: a real control plane per session, a fresh namespace per test.
 
-* ``cluster`` (session): by default a :class:`joblease.localcluster.LocalCluster` started
+* ``cluster`` (session): by default a :class:`joblease_localcluster.LocalCluster` started
   from the cached binaries (built when missing: a build failure is a test *error*, never
   a skip). With ``JOBLEASE_E2E_KUBECONFIG`` set, an existing cluster instead (kind, see
   ``e2e/README.md``), after checking its context against an allow-list.
@@ -25,9 +25,9 @@ import pykube
 import pytest
 import yaml
 
-from joblease.localcluster import build
-from joblease.localcluster.cluster import ClusterHandle, LocalCluster
-from joblease.localcluster.process import log_tail
+from joblease_localcluster import build
+from joblease_localcluster.cluster import ClusterHandle, LocalCluster
+from joblease_localcluster.process import log_tail
 
 TESTS = Path(__file__).resolve().parent
 E2E_ENV = "JOBLEASE_E2E_KUBECONFIG"

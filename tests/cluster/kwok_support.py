@@ -25,8 +25,8 @@ from typing import Any
 import pytest
 import yaml
 
-from joblease.localcluster import build
-from joblease.localcluster.cluster import LocalCluster
+from joblease_localcluster import build
+from joblease_localcluster.cluster import LocalCluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "joblease-operator"

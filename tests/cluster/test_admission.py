@@ -26,8 +26,8 @@ from kwok_support import (
 from joblease.domain.lease import decide_complete, decide_renew
 from joblease.kube.api import ForbiddenError
 from joblease.kube.transact import transact
-from joblease.localcluster.cluster import LocalCluster
 from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
+from joblease_localcluster.cluster import LocalCluster
 
 
 def _lease(cluster: LocalCluster, ns: str, name: str, seconds: int = 30) -> None:

@@ -14,7 +14,7 @@ from kwok_support import (
     wait_for,
 )
 
-from joblease.localcluster.cluster import LocalCluster
+from joblease_localcluster.cluster import LocalCluster
 
 
 def test_operator_pod_is_scheduled_on_a_kwok_node_and_runs(kwok_cluster: LocalCluster,

@@ -16,7 +16,7 @@ from typing import Any
 import pykube
 import pytest
 
-from joblease.localcluster.cluster import ClusterHandle
+from joblease_localcluster.cluster import ClusterHandle
 
 GROUP = "proof.joblease.dev"
 VERSION = f"{GROUP}/v1"

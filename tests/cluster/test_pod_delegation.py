@@ -23,7 +23,7 @@ from kwok_support import (
     wait_for,
 )
 
-from joblease.localcluster.cluster import LocalCluster
+from joblease_localcluster.cluster import LocalCluster
 
 DURATION = 4
 

@@ -25,8 +25,8 @@ from kwok_support import (
     wait_for,
 )
 
-from joblease.localcluster.cluster import LocalCluster
 from joblease.sdk.client import LeaseClient
+from joblease_localcluster.cluster import LocalCluster
 
 
 def _lease(cluster: LocalCluster, ns: str, name: str, **spec: int) -> None:

@@ -28,11 +28,11 @@ from joblease.domain.errors import LeaseError, LeaseFinishedError
 from joblease.fencing.errors import StaleTokenError
 from joblease.fencing.filestore import FencedFileStore
 from joblease.kube.api import KubeApi
-from joblease.localcluster import certs
-from joblease.localcluster.dateskew import DateSkewProxy
-from joblease.localcluster.ha import HACluster
-from joblease.localcluster.lb import LoadBalancer
 from joblease.sdk.client import Lease, LeaseClient
+from joblease_localcluster import certs
+from joblease_localcluster.dateskew import DateSkewProxy
+from joblease_localcluster.ha import HACluster
+from joblease_localcluster.lb import LoadBalancer
 
 _TESTS = str(Path(__file__).resolve().parents[1])
 if _TESTS not in sys.path:  # the fault suite's recorder and checker, however we were started

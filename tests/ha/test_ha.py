@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from joblease.localcluster.ha import HACluster
-from joblease.localcluster.lb import LoadBalancer
+from joblease_localcluster.ha import HACluster
+from joblease_localcluster.lb import LoadBalancer
 
 from .scenarios import SkewedFront, Workload, client, fencing, handover, kubeconfig_via
 

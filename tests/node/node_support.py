@@ -33,9 +33,9 @@ from typing import Any
 import pytest
 import yaml
 
-from joblease.localcluster import images
-from joblease.localcluster.cluster import LocalCluster
-from joblease.localcluster.node import RealNode, mounts_under, require_prerequisites
+from joblease_localcluster import images
+from joblease_localcluster.cluster import LocalCluster
+from joblease_localcluster.node import RealNode, mounts_under, require_prerequisites
 
 REPO = Path(__file__).resolve().parents[2]
 CRD = REPO / "crds" / "joblease.dev_jobleases.yaml"

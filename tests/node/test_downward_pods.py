@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from node_support import NodeCluster, PodWatch, wait_for, worker_pod
 
-from joblease.localcluster.process import free_port
+from joblease_localcluster.process import free_port
 
 TAKEOVERS = int(os.environ.get("JOBLEASE_NODE_TAKEOVERS", "20"))
 LAG_LIMIT = 5.0

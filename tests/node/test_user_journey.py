@@ -36,9 +36,9 @@ import pytest
 import yaml
 from node_support import REPO, VENV_PYTHON, NodeCluster, wait_for, worker_pod
 
-from joblease.localcluster import build
-from joblease.localcluster.buildkit import BuildKit
-from joblease.localcluster.process import free_port
+from joblease_localcluster import build
+from joblease_localcluster.buildkit import BuildKit
+from joblease_localcluster.process import free_port
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.postgres import PostgresServer
