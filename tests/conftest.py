@@ -29,12 +29,12 @@ from joblease_localcluster import build
 from joblease_localcluster.cluster import ClusterHandle, LocalCluster
 from joblease_localcluster.process import log_tail
 
-TESTS = Path(__file__).resolve().parent
 E2E_ENV = "JOBLEASE_E2E_KUBECONFIG"
 # Contexts the suite may create and delete namespaces, CRDs and RBAC in.
 E2E_CONTEXT_ALLOW = ("kind-*", "joblease-local*")
 E2E_IDENTITY_NAMESPACE = "joblease-e2e-identities"
-MARK_BY_DIRECTORY = {"cluster": "cluster", "unit": "unit", "node": "node"}
+# Every test is marked by one rule, by folder and by the servers it requests.
+pytest_plugins = ["support.markers"]
 
 _CLUSTER_KEY = pytest.StashKey["ClusterHandle"]()
 _BUILD_ERROR_KEY = pytest.StashKey[Exception | None]()
@@ -100,18 +100,6 @@ class ExternalCluster:
 
 
 # -- collection --------------------------------------------------------------------------
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by directory: ``tests/cluster/`` → cluster, ``tests/unit/`` → unit."""
-    for item in items:
-        try:
-            first = item.path.resolve().relative_to(TESTS).parts[0]
-        except (ValueError, IndexError):
-            continue
-        marker = MARK_BY_DIRECTORY.get(first)
-        if marker:
-            item.add_marker(getattr(pytest.mark, marker))
-
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build missing binaries once, before any test runs (outside per-test timeouts).

@@ -20,7 +20,6 @@ from kwok_support import (
     kns,  # noqa: F401  (fixture)
     kwok_cluster,  # noqa: F401  (fixture)
     release,  # noqa: F401  (fixture)
-    wait_for,
 )
 
 from joblease.domain.lease import decide_complete, decide_renew
@@ -28,6 +27,7 @@ from joblease.kube.api import ForbiddenError
 from joblease.kube.transact import transact
 from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
 from joblease_localcluster.cluster import LocalCluster
+from support.waiting import wait_for
 
 
 def _lease(cluster: LocalCluster, ns: str, name: str, seconds: int = 30) -> None:

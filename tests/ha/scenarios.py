@@ -40,9 +40,9 @@ if _TESTS not in sys.path:  # the fault suite's recorder and checker, however we
 
 from faults.checker import Violation, check  # noqa: E402
 from faults.history import OK, REFUSED, UNKNOWN, Recorder, load  # noqa: E402
+from support.paths import CRD  # noqa: E402
+from support.waiting import retry  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "joblease.dev_jobleases.yaml"
 FENCING_KINDS = ("token-order", "target-order", "stale-accepted", "reopened",
                  "completion-lost")
 
@@ -74,17 +74,6 @@ def client(kubeconfig: Path, namespace: str, skew: float | None = None) -> Lease
                     max_server_skew=None if skew is None else timedelta(seconds=skew))
     c.margin()  # calibrate before anything is recorded
     return c
-
-
-def retry(fn: Callable[[], Any], seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return fn()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
 
 
 @dataclass

@@ -18,8 +18,6 @@ from joblease_localcluster.lb import LoadBalancer
 
 from .scenarios import SkewedFront, Workload, client, fencing, handover, kubeconfig_via
 
-pytestmark = [pytest.mark.cluster, pytest.mark.ha]
-
 
 def test_ha_cluster_serves_through_the_load_balancer(ha_cluster: HACluster) -> None:
     assert len(ha_cluster.apiserver_ports) == 3 and len(ha_cluster.etcd_client_urls) == 3

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-CANONICAL = REPO / "crds"
-CHART = REPO / "charts" / "joblease-operator" / "crds"
+from support.paths import CHART as CHART_ROOT
+from support.paths import CRDS as CANONICAL
+from support.paths import REPO
+
+CHART = CHART_ROOT / "crds"
 PACKAGE_DATA = REPO / "localcluster" / "src" / "joblease_localcluster" / "data"
 COPIES = {"chart": CHART, "package data": PACKAGE_DATA}
 
