@@ -167,6 +167,18 @@ def cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="session")
+def cluster_binaries(request: pytest.FixtureRequest) -> None:
+    """For tests that start their own control plane: its binaries, built before the session.
+
+    Requesting it marks the test ``cluster`` (``tests/support/markers.py``), so the build
+    runs once in ``pytest_collection_finish``; a failed build is this test's error.
+    """
+    error = request.config.stash.get(_BUILD_ERROR_KEY, None)
+    if error is not None:
+        raise error
+
+
+@pytest.fixture(scope="session")
 def kube(cluster: ClusterHandle) -> pykube.HTTPClient:
     """A pykube-ng client authenticated as the cluster admin."""
     return pykube.HTTPClient(pykube.KubeConfig.from_file(str(cluster.kubeconfig)))

@@ -116,3 +116,12 @@ def test_joblease_localcluster_help(fresh: FreshEnv) -> None:
     assert out.returncode == 0, out.stderr
     for command in ("build", "up", "down", "env", "demo"):
         assert command in out.stdout
+
+
+def test_the_demo_passes_from_the_installed_wheels(fresh: FreshEnv,
+                                                    cluster_binaries: None) -> None:
+    """The README's demo, run by the installed command: CRD, operator and workers from wheels."""
+    out = fresh.run(str(fresh.bin / "joblease-localcluster"), "demo", timeout=400)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    assert "CRD jobleases.joblease.dev installed and Established" in out.stdout
+    assert "RESULT: fencing held" in out.stdout, out.stdout[-4000:]

@@ -31,6 +31,7 @@ FOLDERS: dict[str, tuple[str, ...]] = {
 # fixture → the marker of the server it needs (requested directly or through other fixtures)
 FIXTURES: dict[str, str] = {
     "cluster": "cluster",
+    "cluster_binaries": "cluster",
     "kwok_cluster": "cluster",
     "ha_cluster": "cluster",
     "postgres_server": "postgres",
