@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1.7
 # The joblease operator image (also usable for workers: it holds the SDK and the CLI).
 #
-# Built in the tests with BuildKit (joblease.localcluster.buildkit, FROM a local mmdebstrap
+# Built in the tests with BuildKit (joblease_localcluster.buildkit, FROM a local mmdebstrap
 # base) and elsewhere with Docker:
 #   docker build -t localhost/joblease-operator:dev .
 #
@@ -13,9 +13,11 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 WORKDIR /src
-# Only what the package needs: metadata, the pins, and the source. constraints.txt pins
-# every transitive dependency, the same pins the tests ran with.
-COPY pyproject.toml constraints.txt ./
+# Only what the package needs: metadata (README and LICENSE are part of it), the pins, and
+# the product's source, operator/ (never localcluster/: tests/packaging checks the COPY and
+# pip lines). constraints.txt pins every transitive dependency, the same pins the tests ran
+# with.
+COPY pyproject.toml constraints.txt README.md LICENSE ./
 # The dependencies first, installed through an empty stand-in package, so that a change to
 # the source reuses this layer (the slow part) and rebuilds only the next one.
 # setuptools/wheel pinned for the build itself; no build isolation so no unpinned fetch.

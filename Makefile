@@ -6,40 +6,55 @@ BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup binaries control-plane demo test unit lint bench soak sim clean-cache help sync-crds
+LC        := $(BIN)/joblease-localcluster
+LINTED    := operator localcluster tests e2e bench
+
+.PHONY: setup binaries control-plane demo test unit lint bench soak clean-cache help sync-crds sim \
+        os-packages-demo os-packages-test
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-$(STAMP): pyproject.toml constraints.txt
+# Two distributions from this repository, both editable: the product (`joblease`, source root
+# operator/) and the local cluster the tests, demo and benchmarks run on (`joblease-localcluster`,
+# localcluster/; never in the product's wheel or image).
+$(STAMP): pyproject.toml constraints.txt localcluster/pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip==26.3
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev]' -e ./localcluster
 	touch $(STAMP)
 
 setup: $(STAMP) ## create .venv with the pinned dependencies
 
-binaries: setup ## build (or reuse) the control plane, kwok, helm, promtool, and the real node's kubelet, containerd, buildkit
-	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm promtool \
+# The OS packages each README command needs (one table: .ci/os-packages, also used by .ci/run).
+# As root they are installed; otherwise one `sudo apt-get install …` line and a failure.
+os-packages-demo:
+	.ci/os-packages demo
+
+os-packages-test:
+	.ci/os-packages test
+
+binaries: os-packages-test setup ## build (or reuse) the control plane, kwok, helm, promtool, and the real node's kubelet, containerd, buildkit
+	$(LC) build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok helm promtool \
 	  kubelet containerd containerd-shim-runc-v2 ctr buildkitd buildctl
 
-control-plane: setup ## build (or reuse) only etcd and the control plane (demo, bench)
-	$(BIN)/joblease build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl
+control-plane: os-packages-demo setup ## build (or reuse) only etcd and the control plane (demo, bench)
+	$(LC) build etcd kube-apiserver kube-controller-manager kube-scheduler kubectl
 
 demo: control-plane ## the A/B fencing demo on the embedded local control plane
-	$(BIN)/joblease demo
+	$(LC) demo
 
 test: binaries ## lint, types, and every test (unit + real control plane + PostgreSQL)
-	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
-	$(BIN)/pytest -m 'not slow' --junitxml=artifacts/junit.xml
+	$(BIN)/pytest -m 'not slow' --durations=25 --junitxml=artifacts/junit.xml
 
 unit: setup ## pure unit tests only (seconds, no servers)
 	$(BIN)/pytest -m unit
 
 lint: setup
-	$(BIN)/ruff check operator tests e2e bench
+	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -50,8 +65,9 @@ bench: control-plane ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
 
-sync-crds: ## copy crds/*.yaml into the Helm chart (tests/unit/test_crd_drift.py checks it)
+sync-crds: ## copy crds/*.yaml into the Helm chart and the local cluster's package data (tests/unit/test_crd_drift.py checks both)
 	cp crds/*.yaml charts/joblease-operator/crds/
+	cp crds/*.yaml localcluster/src/joblease_localcluster/data/
 
 clean-cache: ## remove the cluster binaries cache (~/.cache/joblease)
 	rm -rf $${JOBLEASE_CACHE_DIR:-$$HOME/.cache/joblease}

@@ -23,7 +23,7 @@ from typing import Any
 from bench import common
 from bench.common import RESULTS, create_namespace, loadavg, progress
 from joblease.kube.api import KubeApi
-from joblease.localcluster.cluster import LocalCluster
+from joblease_localcluster.cluster import LocalCluster
 
 SECTIONS = ("latency", "contention", "throughput", "handover", "scale")
 

@@ -13,11 +13,12 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tests.support.paths import CRD, REPO
+
 from joblease.kube.api import KubeApi
 from joblease.kube.leases import LeaseStore, lease_path
 
-REPO = Path(__file__).resolve().parents[1]
-CRD = REPO / "crds" / "joblease.dev_jobleases.yaml"
+__all__ = ["CRD", "REPO"]  # re-exported: the bench's modules take them from here
 RESULTS = Path(__file__).resolve().parent / "results"
 _T0 = time.monotonic()
 

@@ -14,14 +14,12 @@ Resident memory (VmRSS and the peak VmHWM from /proc) is sampled throughout.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+from tests.support.operator_process import OperatorProcess
 
 from bench.common import (
     WRITE_VERBS,
@@ -34,46 +32,32 @@ from bench.common import (
 from joblease.domain.lease import parse_time
 from joblease.kube.api import KubeApi
 from joblease.kube.leases import LeaseStore
-from joblease.localcluster.process import free_port
 from joblease.sdk.client import Lease, LeaseClient
 
 RENEW_DURATION = 30
 PACED_RATE = 25.0  # claims/s in the paced expiry run: below the operator's write rate
 
 
-class Operator:
-    """``python -m joblease`` as a real process, with its metrics endpoint."""
+class Operator(OperatorProcess):
+    """The operator (``tests/support``'s process) plus what the scale run reads from it."""
 
     def __init__(self, kubeconfig: str, log: Path, namespace: str) -> None:
-        self.metrics_port, health = free_port(), free_port()
-        self.health_url = f"http://127.0.0.1:{health}/healthz"
-        self._log = log.open("ab")
-        env = {**os.environ, "KUBECONFIG": kubeconfig}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "joblease", "--metrics-port", str(self.metrics_port),
-             "--health-addr", f"127.0.0.1:{health}", "--namespace", namespace],
-            env=env, stdout=self._log, stderr=subprocess.STDOUT)
+        super().__init__(kubeconfig, log, namespaces=[namespace])
+        self.start(wait=False)  # not waited for: the run times initialization from here
         self.started = time.monotonic()
         self.peak_rss_mb = 0.0
 
     def metrics(self) -> dict[str, float]:
-        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        """The operator's metrics, or nothing while it does not answer yet."""
         try:
-            with urllib.request.urlopen(url, timeout=10) as reply:
-                text = reply.read().decode()
+            return super().metrics()
         except OSError:
             return {}
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                values[key] = float(value)
-        return values
 
     def rss_mb(self) -> tuple[float, float]:
         """(VmRSS, VmHWM) in MB."""
         fields: dict[str, float] = {}
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
+        status = Path(f"/proc/{self.pid}/status").read_text()
         for line in status.splitlines():
             key, _, rest = line.partition(":")
             if key in ("VmRSS", "VmHWM"):
@@ -86,16 +70,6 @@ class Operator:
         return sum(v for k, v in values.items()
                    if k.startswith("joblease_operator_writes_total{")
                    and (kind is None or f'kind="{kind}"' in k))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        self._log.close()
 
 
 def _jl_writes(totals: dict[tuple[str, str, str, str], float]) -> float:

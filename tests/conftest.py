@@ -1,6 +1,6 @@
 """Test infrastructure: a real control plane per session, a fresh namespace per test.
 
-* ``cluster`` (session): by default a :class:`joblease.localcluster.LocalCluster` started
+* ``cluster`` (session): by default a :class:`joblease_localcluster.LocalCluster` started
   from the cached binaries (built when missing: a build failure is a test *error*, never
   a skip). With ``JOBLEASE_E2E_KUBECONFIG`` set, an existing cluster instead (kind, see
   ``e2e/README.md``), after checking its context against an allow-list.
@@ -25,17 +25,16 @@ import pykube
 import pytest
 import yaml
 
-from joblease.localcluster import build
-from joblease.localcluster.cluster import ClusterHandle, LocalCluster
-from joblease.localcluster.process import log_tail
+from joblease_localcluster import build
+from joblease_localcluster.cluster import ClusterHandle, LocalCluster
+from joblease_localcluster.process import log_tail
 
-TESTS = Path(__file__).resolve().parent
 E2E_ENV = "JOBLEASE_E2E_KUBECONFIG"
 # Contexts the suite may create and delete namespaces, CRDs and RBAC in.
 E2E_CONTEXT_ALLOW = ("kind-*", "joblease-local*")
 E2E_IDENTITY_NAMESPACE = "joblease-e2e-identities"
-MARK_BY_DIRECTORY = {"cluster": "cluster", "unit": "unit", "node": "node", "sim": "unit",
-                     "ops": "ops"}
+# Every test is marked by one rule, by folder and by the servers it requests.
+pytest_plugins = ["support.markers"]
 
 _CLUSTER_KEY = pytest.StashKey["ClusterHandle"]()
 _BUILD_ERROR_KEY = pytest.StashKey[Exception | None]()
@@ -102,18 +101,6 @@ class ExternalCluster:
 
 
 # -- collection --------------------------------------------------------------------------
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark tests by directory: ``tests/cluster/`` → cluster, ``tests/unit/`` → unit, ..."""
-    for item in items:
-        try:
-            first = item.path.resolve().relative_to(TESTS).parts[0]
-        except (ValueError, IndexError):
-            continue
-        marker = MARK_BY_DIRECTORY.get(first)
-        if marker:
-            item.add_marker(getattr(pytest.mark, marker))
-
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build missing binaries once, before any test runs (outside per-test timeouts).
@@ -198,6 +185,18 @@ def promtool(request: pytest.FixtureRequest) -> Path:
     if error is not None:
         raise error
     return build.ensure_binaries(["promtool"])["promtool"]
+
+
+@pytest.fixture(scope="session")
+def cluster_binaries(request: pytest.FixtureRequest) -> None:
+    """For tests that start their own control plane: its binaries, built before the session.
+
+    Requesting it marks the test ``cluster`` (``tests/support/markers.py``), so the build
+    runs once in ``pytest_collection_finish``; a failed build is this test's error.
+    """
+    error = request.config.stash.get(_BUILD_ERROR_KEY, None)
+    if error is not None:
+        raise error
 
 
 @pytest.fixture(scope="session")

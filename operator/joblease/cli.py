@@ -27,7 +27,6 @@ from joblease.domain.errors import (
 )
 from joblease.domain.lease import Observed
 from joblease.kube.api import ApiError
-from joblease.localcluster import cli as localcluster_cli
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_NOT_FOUND, EXIT_API = range(7)
 
@@ -39,8 +38,6 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _register_lease_commands(sub)
     _register_operator(sub)
-    _register_demo(sub)
-    localcluster_cli.register(sub)
     return parser
 
 
@@ -114,13 +111,6 @@ def _register_operator(sub: Any) -> None:
     p = sub.add_parser("operator", help="run the operator (same as python -m joblease)")
     add_arguments(p)
     p.set_defaults(func=run)
-
-
-def _register_demo(sub: Any) -> None:
-    from joblease import demo
-    p = sub.add_parser("demo", help="the A/B fencing demo on a local control plane")
-    demo.add_arguments(p)
-    p.set_defaults(func=demo.run)
 
 
 def _client(args: argparse.Namespace) -> Any:

@@ -14,23 +14,18 @@ import json
 import os
 import secrets
 import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from joblease.localcluster import build
-from joblease.localcluster.cluster import LocalCluster
+from joblease_localcluster import build
+from joblease_localcluster.cluster import LocalCluster
+from support.operator_process import OperatorProcess
+from support.paths import CHART, CRD
 
-REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "joblease-operator"
-CRD = REPO / "crds" / "joblease.dev_jobleases.yaml"
 RELEASE, RELEASE_NS = "jl", "joblease-system"
 OPERATOR_SA = f"{RELEASE}-joblease-operator"
 OPERATOR_USER = f"system:serviceaccount:{RELEASE_NS}:{OPERATOR_SA}"
@@ -41,18 +36,6 @@ ENFORCED = {"joblease.dev/admission": "enforced"}
 TEST_VALUES = {"image": {"repository": "localhost/joblease-operator", "tag": "test",
                          "pullPolicy": "Never"},
                "admission": {"namespaceSelector": {"matchLabels": ENFORCED}}}
-
-
-def wait_for(check: Callable[[], Any], timeout: float, what: str, poll: float = 0.2) -> Any:
-    """Poll ``check`` until it returns something truthy; return it."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(poll)
 
 
 def helm_binary() -> Path:
@@ -102,53 +85,6 @@ def sa_kubeconfig(cluster: LocalCluster, namespace: str, sa: str) -> Path:
     return path
 
 
-@dataclass
-class OperatorRun:
-    """``python -m joblease`` as a subprocess (its PID is the only one it ever stops)."""
-
-    proc: subprocess.Popen[bytes]
-    log: Path
-    health_port: int
-
-    @classmethod
-    def start(cls, kubeconfig: Path, log: Path) -> OperatorRun:
-        """Start the operator against ``kubeconfig`` and wait for its /healthz."""
-        from socket import socket
-        with socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-        with log.open("ab") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "joblease", "--metrics-port", "0",
-                                     "--health-addr", f"127.0.0.1:{port}", "--verbose"],
-                                    env=env, stdout=out, stderr=subprocess.STDOUT)
-        run = cls(proc, log, port)
-        wait_for(run.healthy, 45, f"the operator's /healthz (log {log})")
-        return run
-
-    def healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.output()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz",
-                                        timeout=1):
-                return True
-        except OSError:
-            return False
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-
-
 # -- fixtures ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
@@ -192,10 +128,11 @@ def kns(kwok_cluster: LocalCluster) -> Iterator[str]:
 
 @pytest.fixture
 def operator_as_sa(kwok_cluster: LocalCluster, release: str, tmp_path: Path
-                   ) -> Iterator[OperatorRun]:
+                   ) -> Iterator[OperatorProcess]:
     """The operator running under the chart's ServiceAccount (a TokenRequest token)."""
     kubeconfig = sa_kubeconfig(kwok_cluster, RELEASE_NS, OPERATOR_SA)
-    run = OperatorRun.start(kubeconfig, tmp_path / "operator.log")
+    run = OperatorProcess(kubeconfig, tmp_path / "operator.log", extra_args=["--verbose"])
+    run.start()
     yield run
     run.stop()
 

@@ -20,15 +20,15 @@ from kwok_support import (
     kns,  # noqa: F401  (fixture)
     kwok_cluster,  # noqa: F401  (fixture)
     release,  # noqa: F401  (fixture)
-    wait_for,
 )
 
 from joblease.domain.lease import Claim, Observed, decide_complete, decide_renew
 from joblease.domain.token import FencingToken
 from joblease.kube.api import ForbiddenError
 from joblease.kube.transact import transact
-from joblease.localcluster.cluster import LocalCluster
 from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
+from joblease_localcluster.cluster import LocalCluster
+from support.waiting import wait_for
 
 
 def c(holder: str, o: Observed, generation: int) -> Claim:

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
 
 
 def test_bench_quick_runs(tmp_path: Path) -> None:

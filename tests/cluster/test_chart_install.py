@@ -4,17 +4,17 @@
 from __future__ import annotations
 
 from kwok_support import (
-    CHART,
     RELEASE_NS,
     apply,
     helm,
     kubectl_json,
     kwok_cluster,  # noqa: F401  (fixture)
     release,  # noqa: F401  (fixture)
-    wait_for,
 )
 
-from joblease.localcluster.cluster import LocalCluster
+from joblease_localcluster.cluster import LocalCluster
+from support.paths import CHART
+from support.waiting import wait_for
 
 
 def test_operator_pod_is_scheduled_on_a_kwok_node_and_runs(kwok_cluster: LocalCluster,

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from email.utils import parsedate_to_datetime
 from typing import Any
 
 import pykube
 import pytest
 
-from joblease.localcluster.cluster import ClusterHandle
+from joblease_localcluster.cluster import ClusterHandle
+from support.waiting import wait_for
 
 GROUP = "proof.joblease.dev"
 VERSION = f"{GROUP}/v1"
@@ -39,14 +40,6 @@ CRD: dict[str, Any] = {
         }],
     },
 }
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.2)
 
 
 def _established(kube: pykube.HTTPClient) -> bool:

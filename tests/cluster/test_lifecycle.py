@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from joblease.localcluster.build import cache_dir, find_binary
-from joblease.localcluster.cluster import LocalCluster
-from joblease.localcluster.process import pid_matches
+from joblease_localcluster.build import cache_dir, find_binary
+from joblease_localcluster.cluster import LocalCluster
+from joblease_localcluster.process import pid_matches
 
 pytestmark = pytest.mark.skipif(bool(os.environ.get("JOBLEASE_E2E_KUBECONFIG")),
                                 reason="tests the local harness, not the external cluster")
@@ -55,14 +55,14 @@ def test_stop_leaves_no_process_and_no_folder() -> None:
     assert not folder.exists()
 
 
-def _joblease(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "joblease.localcluster.cli", *args],
+def _localcluster(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "joblease_localcluster", *args],
                           capture_output=True, text=True, timeout=180, check=False)
 
 
 def test_cli_up_env_down_cycle() -> None:
     name = f"test-{secrets.token_hex(3)}"
-    up = _joblease("local-cluster", "up", "--name", name)
+    up = _localcluster("up", "--name", name)
     state_file = cache_dir() / "clusters" / name / "state.json"
     try:
         assert up.returncode == 0, up.stderr
@@ -71,7 +71,7 @@ def test_cli_up_env_down_cycle() -> None:
         for proc in state["processes"]:
             assert pid_matches(proc["pid"], proc["argv0"]), proc
 
-        env = _joblease("local-cluster", "env", "--name", name)
+        env = _localcluster("env", "--name", name)
         assert env.returncode == 0, env.stderr
         assert env.stdout.startswith("export KUBECONFIG=")
         kubeconfig = env.stdout.strip().split("=", 1)[1].strip("'")
@@ -83,11 +83,11 @@ def test_cli_up_env_down_cycle() -> None:
                              capture_output=True, text=True, check=False, timeout=30)
         assert got.stdout.strip() == "namespace/default", got.stderr
     finally:
-        down = _joblease("local-cluster", "down", "--name", name)
+        down = _localcluster("down", "--name", name)
     assert down.returncode == 0, down.stderr
     for proc in state["processes"]:
         assert _gone(proc["pid"]), proc
     assert not Path(state["dir"]).exists()
     assert not state_file.parent.exists()
     # A second `down` has nothing to do and says so.
-    assert _joblease("local-cluster", "down", "--name", name).returncode == 1
+    assert _localcluster("down", "--name", name).returncode == 1

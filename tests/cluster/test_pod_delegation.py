@@ -13,17 +13,17 @@ import json
 from typing import Any
 
 from kwok_support import (
-    OperatorRun,
     apply,
     kns,  # noqa: F401  (fixture)
     kubectl_json,
     kwok_cluster,  # noqa: F401  (fixture)
     operator_as_sa,  # noqa: F401  (fixture)
     release,  # noqa: F401  (fixture)
-    wait_for,
 )
 
-from joblease.localcluster.cluster import LocalCluster
+from joblease_localcluster.cluster import LocalCluster
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 DURATION = 4
 
@@ -69,7 +69,7 @@ def _held_by(cluster: LocalCluster, ns: str, pod: dict[str, Any], generation: in
 
 
 def test_delegation_claims_renews_and_hands_over(kwok_cluster: LocalCluster, kns: str,
-                                                 operator_as_sa: OperatorRun) -> None:
+                                                 operator_as_sa: OperatorProcess) -> None:
     apply(kwok_cluster, {"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
                          "metadata": {"name": "work", "namespace": kns},
                          "spec": {"leaseDurationSeconds": DURATION,

@@ -13,7 +13,6 @@ import json
 from kwok_support import (
     OPERATOR_SA,
     RELEASE_NS,
-    OperatorRun,
     apply,
     bind_worker,
     kns,  # noqa: F401  (fixture)
@@ -22,11 +21,12 @@ from kwok_support import (
     operator_as_sa,  # noqa: F401  (fixture)
     release,  # noqa: F401  (fixture)
     sa_kubeconfig,
-    wait_for,
 )
 
-from joblease.localcluster.cluster import LocalCluster
 from joblease.sdk.client import LeaseClient
+from joblease_localcluster.cluster import LocalCluster
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 
 def _lease(cluster: LocalCluster, ns: str, name: str, **spec: int) -> None:
@@ -41,7 +41,7 @@ def _status(cluster: LocalCluster, ns: str, name: str) -> dict[str, object]:
 
 
 def test_lifecycle_works_under_the_service_account(
-        kwok_cluster: LocalCluster, kns: str, operator_as_sa: OperatorRun) -> None:
+        kwok_cluster: LocalCluster, kns: str, operator_as_sa: OperatorProcess) -> None:
     bind_worker(kwok_cluster, kns, "alice")
     _lease(kwok_cluster, kns, "expires", leaseDurationSeconds=1)
     _lease(kwok_cluster, kns, "ttl", leaseDurationSeconds=30, ttlSecondsAfterFinished=1)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,14 @@ import psycopg
 
 from joblease.fencing.postgres import PostgresFence
 from joblease.sdk.client import LeaseClient
+from support.operator_process import OperatorProcess
+from support.paths import ARTIFACTS, CRD, REPO
+from support.waiting import retry
 
 from . import porcupine
 from .checker import Violation, check
 from .history import OK, Recorder, load, write_merged
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "joblease.dev_jobleases.yaml"
-ARTIFACTS = REPO / "artifacts"
 FAKETIME_LIB = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
 SKEWS = ("+10m", "-10m", "+1h", "-1h")
 STEP_TIMEOUT = 60.0
@@ -51,39 +51,24 @@ def faketime_env(skew: str | None) -> dict[str, str]:
             "PYTHONPATH": path}
 
 
-class Operator:
-    """The operator as a real process; ``kill9`` and ``start`` for crash runs."""
+class Operator(OperatorProcess):
+    """The operator for fault runs: ``kill9``/``start`` for crashes, ``restart(skew)``.
+
+    It is not waited for at start: a run measures how the system copes while it comes up.
+    """
 
     def __init__(self, kubeconfig: Path, log: Path, skew: str | None = None) -> None:
-        self.kubeconfig, self.log, self.skew = kubeconfig, log, skew
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), **faketime_env(self.skew)}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "joblease", "--metrics-port", "0",
-                 "--health-addr", "127.0.0.1:0"], env=env, stdout=log,
-                stderr=subprocess.STDOUT, cwd=REPO)
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(30)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(30)
-
-    def restart(self, skew: str | None = None) -> None:
-        self.stop()
+        super().__init__(kubeconfig, log, extra_env=faketime_env(skew), cwd=REPO)
         self.skew = skew
-        self.start()
+
+    def start(self, wait: bool = False, timeout: float = 45) -> Operator:
+        super().start(wait=wait, timeout=timeout)
+        return self
+
+    def restart(self, skew: str | None = None,  # type: ignore[override]
+                wait: bool = False) -> None:
+        self.skew = skew
+        super().restart(extra_env=faketime_env(skew), wait=wait)
 
 
 @dataclass
@@ -213,18 +198,6 @@ def final_read(env: FaultEnv, run_dir: Path) -> None:
                                    if st.completion else None))
     rec.close()
     client.api.close()
-
-
-def retry(fn: Callable[[], Any], seconds: float = 60.0) -> Any:
-    """Call ``fn`` until it does not raise, for at most ``seconds`` (servers restarting)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return fn()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
 
 
 # -- workers ---------------------------------------------------------------------------------

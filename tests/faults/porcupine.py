@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from joblease.localcluster.build import BuildError, cache_dir
+from joblease_localcluster.build import BuildError, cache_dir
 
 SOURCE = Path(__file__).resolve().parents[1] / "porcupine"
 SOURCES = ("go.mod", "go.sum", "main.go")

@@ -22,7 +22,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parents[1])
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
-from joblease.localcluster.cluster import LocalCluster  # noqa: E402
+from joblease_localcluster.cluster import LocalCluster  # noqa: E402
 from support.postgres import PostgresServer  # noqa: E402
 
 from .harness import KINDS, FaultEnv, Operator, Summary, install_crd, install_target  # noqa: E402

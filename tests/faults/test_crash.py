@@ -8,8 +8,6 @@ import pytest
 
 from .harness import CRASH_COMPONENTS, FaultEnv, run_crash
 
-pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.postgres]
-
 
 @pytest.mark.parametrize("component", CRASH_COMPONENTS)
 def test_crash_and_restart_keeps_safety_and_resumes(fault_env: FaultEnv,

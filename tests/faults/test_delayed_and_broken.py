@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from .harness import ARTIFACTS, FaultEnv, run_delayed_write, run_pause
-
-pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.postgres]
 
 
 def test_delayed_write_after_next_holder_is_refused(fault_env: FaultEnv) -> None:

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import random
 
-import pytest
-
 from .harness import FaultEnv, run_pause
-
-pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.postgres]
 
 
 def test_paused_holder_is_refused_and_notices(fault_env: FaultEnv) -> None:

@@ -5,12 +5,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-import pytest
-
 from .harness import FaultEnv, run_race
 from .history import load
-
-pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.postgres]
 
 
 def test_fifty_processes_exactly_one_holder_per_generation(fault_env: FaultEnv) -> None:

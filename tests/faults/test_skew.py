@@ -8,8 +8,6 @@ import pytest
 
 from .harness import FaultEnv, run_pause
 
-pytestmark = [pytest.mark.faults, pytest.mark.cluster, pytest.mark.postgres]
-
 
 def _outcome(report):  # type: ignore[no-untyped-def]
     n = report.notes

@@ -17,8 +17,6 @@ from joblease.domain.token import FencingToken
 from joblease.fencing import Applied, Duplicate, StaleTokenError
 from joblease.fencing.postgres import AsyncPostgresFence, PostgresFence
 
-pytestmark = pytest.mark.postgres
-
 T7 = FencingToken(4711, 7)
 T8 = FencingToken(4711, 8)
 FENCE = PostgresFence()

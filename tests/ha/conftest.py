@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from joblease.localcluster.ha import HACluster
+from joblease_localcluster.ha import HACluster
 
 from .scenarios import install_crd
 

@@ -28,11 +28,11 @@ from joblease.domain.errors import LeaseError, LeaseFinishedError
 from joblease.fencing.errors import StaleTokenError
 from joblease.fencing.filestore import FencedFileStore
 from joblease.kube.api import KubeApi
-from joblease.localcluster import certs
-from joblease.localcluster.dateskew import DateSkewProxy
-from joblease.localcluster.ha import HACluster
-from joblease.localcluster.lb import LoadBalancer
 from joblease.sdk.client import Lease, LeaseClient
+from joblease_localcluster import certs
+from joblease_localcluster.dateskew import DateSkewProxy
+from joblease_localcluster.ha import HACluster
+from joblease_localcluster.lb import LoadBalancer
 
 _TESTS = str(Path(__file__).resolve().parents[1])
 if _TESTS not in sys.path:  # the fault suite's recorder and checker, however we were started
@@ -40,9 +40,9 @@ if _TESTS not in sys.path:  # the fault suite's recorder and checker, however we
 
 from faults.checker import Violation, check  # noqa: E402
 from faults.history import OK, REFUSED, UNKNOWN, Recorder, load  # noqa: E402
+from support.paths import CRD  # noqa: E402
+from support.waiting import retry  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "joblease.dev_jobleases.yaml"
 FENCING_KINDS = ("token-order", "target-order", "stale-accepted", "reopened",
                  "completion-lost")
 
@@ -74,17 +74,6 @@ def client(kubeconfig: Path, namespace: str, skew: float | None = None) -> Lease
                     max_server_skew=None if skew is None else timedelta(seconds=skew))
     c.margin()  # calibrate before anything is recorded
     return c
-
-
-def retry(fn: Callable[[], Any], seconds: float = 60.0) -> Any:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return fn()
-        except Exception:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
 
 
 @dataclass

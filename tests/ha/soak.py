@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from joblease.localcluster.ha import HACluster
+from joblease_localcluster.ha import HACluster
 
 from .scenarios import SkewedFront, Workload, fencing, install_crd
 

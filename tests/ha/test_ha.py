@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from joblease.localcluster.ha import HACluster
-from joblease.localcluster.lb import LoadBalancer
+from joblease_localcluster.ha import HACluster
+from joblease_localcluster.lb import LoadBalancer
 
 from .scenarios import SkewedFront, Workload, client, fencing, handover, kubeconfig_via
-
-pytestmark = [pytest.mark.cluster, pytest.mark.ha]
 
 
 def test_ha_cluster_serves_through_the_load_balancer(ha_cluster: HACluster) -> None:

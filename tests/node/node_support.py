@@ -33,27 +33,15 @@ from typing import Any
 import pytest
 import yaml
 
-from joblease.localcluster import images
-from joblease.localcluster.cluster import LocalCluster
-from joblease.localcluster.node import RealNode, mounts_under, require_prerequisites
+from joblease_localcluster import images
+from joblease_localcluster.cluster import LocalCluster
+from joblease_localcluster.node import RealNode, mounts_under, require_prerequisites
+from support.paths import CRD, REPO
+from support.waiting import wait_for
 
-REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "crds" / "joblease.dev_jobleases.yaml"
 PYTHON_HOME = Path(sys.base_prefix)  # the interpreter the .venv was made from
 VENV_PYTHON = Path(sys.executable)
 WORKER = REPO / "tests" / "node" / "podworker.py"
-
-
-def wait_for(check: Any, timeout: float, what: str, poll: float = 0.1) -> Any:
-    """Poll ``check`` until it returns something truthy (bounded by ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(poll)
 
 
 @dataclass

@@ -11,52 +11,30 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from node_support import NodeCluster, PodWatch, wait_for, worker_pod
+from node_support import NodeCluster, PodWatch, worker_pod
 
-from joblease.localcluster.process import free_port
+from support.operator_process import OperatorProcess
+from support.waiting import wait_for
 
 TAKEOVERS = int(os.environ.get("JOBLEASE_NODE_TAKEOVERS", "20"))
 LAG_LIMIT = 5.0
 
 
 @pytest.fixture
-def operator(node_cluster: NodeCluster, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+def operator(node_cluster: NodeCluster, tmp_path: Path) -> Iterator[OperatorProcess]:
     """The operator as a host process (its PID is the only one stopped)."""
-    log = tmp_path / "operator.log"
-    env = {**os.environ, "KUBECONFIG": str(node_cluster.cluster.kubeconfig)}
-    health = free_port()
-    with log.open("ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "joblease", "--metrics-port",
-                                 str(free_port()), "--health-addr", f"127.0.0.1:{health}"],
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def healthy() -> bool:
-        assert proc.poll() is None, log.read_text()[-4000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=1):
-                return True
-        except OSError:
-            return False
-
-    wait_for(healthy, 45, f"the operator's /healthz ({log})")
-    yield proc
-    proc.terminate()
-    try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-    if proc.returncode not in (0, -15):
-        print(log.read_text()[-4000:])
+    op = OperatorProcess(node_cluster.cluster.kubeconfig, tmp_path / "operator.log").start()
+    yield op
+    op.stop()
+    assert op.proc is not None
+    if op.proc.returncode not in (0, -15):
+        print(op.output(4000))
 
 
 def _lease(nc: NodeCluster, ns: str, duration: int) -> None:
@@ -90,7 +68,7 @@ def _seen(nc: NodeCluster, ns: str, pod: str, gen: int) -> dict[str, Any] | None
 
 
 def test_downward_file_follows_takeovers_env_keeps_start_value(
-        node_cluster: NodeCluster, node_ns: str, operator: subprocess.Popen[bytes]) -> None:
+        node_cluster: NodeCluster, node_ns: str, operator: OperatorProcess) -> None:
     nc, ns = node_cluster, node_ns
     _lease(nc, ns, 30)
     watch = PodWatch(nc, ns)
@@ -128,7 +106,7 @@ def test_downward_file_follows_takeovers_env_keeps_start_value(
 
 
 def test_not_ready_holder_hands_over_with_next_generation(
-        node_cluster: NodeCluster, node_ns: str, operator: subprocess.Popen[bytes]) -> None:
+        node_cluster: NodeCluster, node_ns: str, operator: OperatorProcess) -> None:
     nc, ns = node_cluster, node_ns
     _lease(nc, ns, 4)
     for name in ("a", "b"):
@@ -147,7 +125,7 @@ def test_not_ready_holder_hands_over_with_next_generation(
 
 
 def test_deleted_holder_hands_over_with_next_generation(
-        node_cluster: NodeCluster, node_ns: str, operator: subprocess.Popen[bytes]) -> None:
+        node_cluster: NodeCluster, node_ns: str, operator: OperatorProcess) -> None:
     nc, ns = node_cluster, node_ns
     _lease(nc, ns, 30)
     for name in ("a", "b"):

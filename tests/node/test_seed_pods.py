@@ -20,10 +20,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from node_support import VENV_PYTHON, WORKER, NodeCluster, wait_for, worker_pod
+from node_support import VENV_PYTHON, WORKER, NodeCluster, worker_pod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.postgres import PostgresServer
+from support.waiting import wait_for
 
 DURATION = 3
 

@@ -34,16 +34,17 @@ from typing import Any
 import psycopg
 import pytest
 import yaml
-from node_support import REPO, VENV_PYTHON, NodeCluster, wait_for, worker_pod
+from node_support import VENV_PYTHON, NodeCluster, worker_pod
 
-from joblease.localcluster import build
-from joblease.localcluster.buildkit import BuildKit
-from joblease.localcluster.process import free_port
+from joblease_localcluster import build
+from joblease_localcluster.buildkit import BuildKit
+from joblease_localcluster.process import free_port
+from support.paths import CHART, REPO
+from support.waiting import wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support.postgres import PostgresServer
 
-CHART = REPO / "charts" / "joblease-operator"
 EXAMPLES = REPO / "examples"
 IMAGE_REPO, IMAGE_TAG = "localhost/joblease-operator", "dev"
 IMAGE = f"{IMAGE_REPO}:{IMAGE_TAG}"

@@ -22,11 +22,12 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 from types import TracebackType
+
+from joblease_localcluster.process import free_port
 
 SUPERUSER = "postgres"
 _BIN_DIRS = ("/usr/local/bin", "/usr/lib/postgresql/15/bin")
@@ -64,12 +65,6 @@ def _drop_privileges_prefix(user: str) -> list[str]:
         "running as root, and PostgreSQL refuses root: need runuser or setpriv to switch "
         f"to {user!r} (or run the tests as an unprivileged user)"
     )
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class PostgresServer:
@@ -188,7 +183,7 @@ class PostgresServer:
     def _start_server(self) -> None:
         assert self._root is not None
         for attempt in range(1, self._attempts + 1):
-            self.port = _free_port()
+            self.port = free_port()
             options = (
                 f"-c listen_addresses=127.0.0.1 -p {self.port} "
                 f"-c unix_socket_directories={self._root} -c fsync=off "

@@ -20,8 +20,6 @@ from joblease.fencing import (
     TokenGate,
 )
 
-pytestmark = pytest.mark.unit
-
 T7 = FencingToken(4711, 7)
 T8 = FencingToken(4711, 8)
 

@@ -4,7 +4,7 @@ import operator
 import sysconfig
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support.paths import REPO
 
 
 def test_operator_is_still_the_stdlib_module() -> None:

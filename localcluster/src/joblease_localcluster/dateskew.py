@@ -28,7 +28,7 @@ from datetime import timedelta
 from email.utils import format_datetime, parsedate_to_datetime
 from pathlib import Path
 
-from joblease.localcluster.lb import LoopbackServer, relay
+from joblease_localcluster.lb import LoopbackServer, relay
 
 HOST = "127.0.0.1"
 MAX_HEAD = 64 * 1024

@@ -3,7 +3,7 @@
 import subprocess
 from pathlib import Path
 
-from joblease.localcluster import certs
+from joblease_localcluster import certs
 
 
 def _text(cert: Path) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from joblease.localcluster.process import (
+from joblease_localcluster.process import (
     ComponentStartError,
     ManagedProcess,
     PortInUseError,

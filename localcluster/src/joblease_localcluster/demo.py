@@ -1,4 +1,4 @@
-"""``joblease demo``: the A/B fencing example, with real processes on a local control plane.
+"""``joblease-localcluster demo``: the A/B fencing example, real processes, a local cluster.
 
 1. Start etcd + kube-apiserver + controller-manager + scheduler on 127.0.0.1, install the
    CRD, start the operator, start a fenced HTTP target.
@@ -23,18 +23,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import IO, Any
+
+from joblease_localcluster.crd import CRD_NAME, crd_path
 
 DEMO_LEASE = "nightly-report"
 DURATION = 4
-REPO = Path(__file__).resolve().parents[2]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``joblease demo``."""
-    parser.add_argument("--keep", action="store_true",
-                        help="keep the cluster folder (logs) after the demo")
 
 
 class Narrator:
@@ -50,7 +44,7 @@ class Narrator:
 
 def run(args: argparse.Namespace) -> int:
     """Run the whole demo; return 0 only if every refusal happened as it must."""
-    from joblease.localcluster.cluster import LocalCluster
+    from joblease_localcluster.cluster import LocalCluster
 
     out = Narrator()
     out.say("demo", "starting the local control plane (etcd, kube-apiserver, "
@@ -71,11 +65,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _install_crd(cluster: Any, out: Narrator) -> None:
-    crd = REPO / "crds" / "joblease.dev_jobleases.yaml"
-    cluster.kubectl("apply", "-f", str(crd), check=True)
+    cluster.kubectl("apply", "-f", str(crd_path()), check=True)
     cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                    "crd/jobleases.joblease.dev", check=True)
-    out.say("demo", "CRD jobleases.joblease.dev installed and Established")
+                    f"crd/{CRD_NAME}", check=True)
+    out.say("demo", f"CRD {CRD_NAME} installed and Established")
 
 
 def _start_operator(cluster: Any, env: dict[str, str], out: Narrator) -> subprocess.Popen[bytes]:
@@ -88,8 +81,8 @@ def _start_operator(cluster: Any, env: dict[str, str], out: Narrator) -> subproc
 
 
 def _play(cluster: Any, env: dict[str, str], out: Narrator) -> int:
+    from joblease import LeaseClient
     from joblease.fencing.http_example import FencedHTTPServer
-    from joblease.sdk.client import LeaseClient
 
     target = FencedHTTPServer()
     import threading
@@ -138,8 +131,8 @@ def _ab(env: dict[str, str], target: str, out: Narrator) -> int:
 
 
 def _worker(env: dict[str, str], role: str, target: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "joblease.demo", role, target], env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-m", "joblease_localcluster.demo", role, target],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
 
 def _send(proc: subprocess.Popen[str], text: str) -> None:
@@ -180,9 +173,8 @@ def _write_target(target: str, token: Any, who: str) -> tuple[bool, str]:
 
 
 def worker_main(role: str, target: str, stdin: IO[str] = sys.stdin) -> int:
-    """Worker A or B of the demo (run as ``python -m joblease.demo a|b TARGET``)."""
-    from joblease.domain.errors import LeaseError
-    from joblease.sdk.client import LeaseClient
+    """Worker A or B of the demo (run as ``python -m joblease_localcluster.demo a|b TARGET``)."""
+    from joblease import LeaseClient, LeaseError
 
     client = LeaseClient("default")
     if role == "a":

@@ -5,7 +5,7 @@
 with ``imagePullPolicy: Never`` straight away, with no export/import step.
 
 The Dockerfile's ``FROM ${PYTHON_IMAGE}`` is served from a local OCI layout: the Python
-base made by ``mmdebstrap`` (:mod:`joblease.localcluster.images`) is exported from
+base made by ``mmdebstrap`` (:mod:`joblease_localcluster.images`) is exported from
 containerd once into ``<cache>/images/oci-<tag>/`` and named to the Dockerfile frontend
 with ``--oci-layout base=DIR --opt context:NAME=oci-layout://base@sha256:…``. Elsewhere the
 same Dockerfile builds with ``docker build`` against the public ``python:3.11.*-slim``
@@ -32,9 +32,9 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-from joblease.localcluster import build, images
-from joblease.localcluster.node import RealNode
-from joblease.localcluster.process import ManagedProcess
+from joblease_localcluster import build, images
+from joblease_localcluster.node import RealNode
+from joblease_localcluster.process import ManagedProcess
 
 
 class BuildKitError(RuntimeError):

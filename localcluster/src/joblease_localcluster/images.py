@@ -7,7 +7,7 @@ Two images are made from Debian's own packages and imported with ``ctr images im
   one static file, so the image is a few hundred KB and builds in milliseconds.
 * the **Python base** (``localhost/joblease-python-base``): Debian bookworm + Python 3.11
   made by ``mmdebstrap`` with the machine's apt sources. It is the ``FROM`` of the
-  project's Dockerfile when built here with BuildKit (see :mod:`joblease.localcluster.buildkit`)
+  project's Dockerfile when built here with BuildKit (see :mod:`joblease_localcluster.buildkit`)
   and the image the node tests' worker pods run.
 
 Both are written as docker-archive tarballs (``manifest.json`` + ``config.json`` + one
@@ -34,7 +34,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from joblease.localcluster import build
+from joblease_localcluster import build
 
 PAUSE_IMAGE = "localhost/joblease-pause:1"
 BASE_SUITE = "bookworm"

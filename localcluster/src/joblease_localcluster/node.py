@@ -3,7 +3,7 @@
 kwok simulates pods but writes no files and runs no processes, so it cannot prove what
 users rely on: a downward API file that changes when the pod's annotations do, ``kubectl
 logs``, a worker process that SIGSTOP really pauses. :class:`RealNode` adds a node that
-does all of that to a running :class:`~joblease.localcluster.cluster.LocalCluster`.
+does all of that to a running :class:`~joblease_localcluster.cluster.LocalCluster`.
 
 Everything lives in one temporary folder (containerd's root/state/socket, runc's state,
 the kubelet's ``--root-dir``, ``--cert-dir`` and pod logs) and one cgroup folder of its
@@ -41,8 +41,8 @@ from typing import Any
 
 import yaml
 
-from joblease.localcluster import build, certs, images
-from joblease.localcluster.process import ManagedProcess, free_port, pid_matches, stop_pid
+from joblease_localcluster import build, certs, images
+from joblease_localcluster.process import ManagedProcess, free_port, pid_matches, stop_pid
 
 NODE_NAME = "localhost"
 RUNC = Path("/usr/sbin/runc")
@@ -232,7 +232,7 @@ class RealNode:
         return self.leftovers()
 
     def state(self) -> dict[str, Any]:
-        """Describe the running node for ``joblease local-cluster down`` (JSON-able)."""
+        """Describe the running node for ``joblease-localcluster down`` (JSON-able)."""
         return {"dir": str(self.dir), "ctr": str(self.binaries["ctr"]),
                 "processes": [{"name": p.name, "pid": p.pid, "argv0": p.argv[0]}
                               for p in self.processes]}
@@ -445,7 +445,7 @@ imports = []
 
 
 def stop_detached_node(state: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """Stop a node that ``joblease local-cluster up --node`` left running (another process).
+    """Stop a node that ``joblease-localcluster up --node`` left running (another process).
 
     The same order as :meth:`RealNode.stop`, with the recorded PIDs (each signalled only if
     ``/proc/PID/cmdline`` still names the recorded binary): the kubelet, the containers'

@@ -1,6 +1,6 @@
 """A real Kubernetes control plane on 127.0.0.1, for tests, the demo and development.
 
-``LocalCluster`` starts upstream binaries (built by :mod:`joblease.localcluster.build`)
+``LocalCluster`` starts upstream binaries (built by :mod:`joblease_localcluster.build`)
 in a fresh temporary folder, in dependency order, each on ports it picks itself:
 
     etcd → kube-apiserver → kube-controller-manager → kube-scheduler → (kwok)
@@ -40,8 +40,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from joblease.localcluster import build, certs
-from joblease.localcluster.process import ComponentStartError, ManagedProcess, free_port, stop_pid
+from joblease_localcluster import build, certs
+from joblease_localcluster.process import ComponentStartError, ManagedProcess, free_port, stop_pid
 
 CONTEXT = "joblease-local"
 ADMIN = "admin"
@@ -164,7 +164,7 @@ class LocalCluster:
         name: the kubeconfig context name prefix.
         base_dir: where the temporary folder is created (default: the system temp dir).
         detach: start processes in their own sessions so they outlive this Python
-            process (``joblease local-cluster up``).
+            process (``joblease-localcluster up``).
         keep_dir: keep the folder (logs, data) after ``stop()``, for post-mortems.
         start_timeout: seconds each component may take to become healthy.
         progress: where build progress is reported.
@@ -245,7 +245,8 @@ class LocalCluster:
         """Run the kubectl built with the cluster (no version skew) as ``user``."""
         kubectl = self._binaries.get("kubectl") or build.find_binary("kubectl")
         if kubectl is None:
-            raise build.BuildError("kubectl is not built; run `joblease build kubectl`")
+            raise build.BuildError(
+                "kubectl is not built; run `joblease-localcluster build kubectl`")
         return subprocess.run([str(kubectl), "--kubeconfig", str(self.kubeconfig_for(user)),
                                *args], capture_output=True, text=True, check=check,
                               timeout=timeout)
@@ -264,7 +265,7 @@ class LocalCluster:
         return name
 
     def state(self) -> dict[str, Any]:
-        """Describe the running cluster for ``joblease local-cluster down`` (JSON-able)."""
+        """Describe the running cluster for ``joblease-localcluster down`` (JSON-able)."""
         return {
             "name": self.name, "dir": str(self.dir), "kubeconfig": str(self.kubeconfig),
             "server": self.server, "keep_dir": self.keep_dir,

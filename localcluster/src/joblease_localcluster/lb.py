@@ -15,9 +15,9 @@ Guarantees:
     * ``stop()`` closes the listener and every connection and joins its threads (bounded).
 
 Run standalone (how ``LocalCluster`` with several API servers runs it, so the relay
-outlives a detached ``joblease local-cluster up``)::
+outlives a detached ``joblease-localcluster up``)::
 
-    python -m joblease.localcluster.lb --port P --backend 127.0.0.1:A --backend 127.0.0.1:B
+    python -m joblease_localcluster.lb --port P --backend 127.0.0.1:A --backend 127.0.0.1:B
 """
 
 from __future__ import annotations

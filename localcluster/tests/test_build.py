@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from joblease.localcluster import build
+from joblease_localcluster import build
 
 
 def test_kubebuilder_assets_wins_over_the_cache(tmp_path: Path,

@@ -1,4 +1,7 @@
-"""``joblease build`` and ``joblease local-cluster up|down|env``.
+"""The ``joblease-localcluster`` command: ``build``, ``up|down|env`` and ``demo``.
+
+Also ``python -m joblease_localcluster``. It is the local cluster's own command, apart from
+the product's ``joblease`` command, which never imports this package.
 
 The detached cluster exists for humans (a demo, poking with kubectl): ``up`` starts the
 processes in their own sessions so they outlive the command, and records their PIDs and
@@ -18,10 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from joblease.localcluster import build
-from joblease.localcluster.certs import CertError
-from joblease.localcluster.cluster import CONTEXT, LocalCluster, stop_detached
-from joblease.localcluster.process import ComponentStartError, pid_matches
+from joblease_localcluster import build
+from joblease_localcluster.certs import CertError
+from joblease_localcluster.cluster import CONTEXT, LocalCluster, stop_detached
+from joblease_localcluster.process import ComponentStartError, pid_matches
 
 DEFAULT_NAME = "local"
 
@@ -48,8 +51,11 @@ def _alive(state: dict[str, Any]) -> list[str]:
             if isinstance(p.get("pid"), int) and pid_matches(p["pid"], str(p.get("argv0")))]
 
 
+PROG = "joblease-localcluster"
+
+
 def _err(message: str) -> int:
-    print(f"joblease: {message}", file=sys.stderr)
+    print(f"{PROG}: {message}", file=sys.stderr)
     return 1
 
 
@@ -65,12 +71,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     if state is not None:
         if _alive(state):
             return _err(f"cluster {name!r} is already up ({', '.join(_alive(state))}); "
-                        f"run `joblease local-cluster down --name {name}` first")
+                        f"run `{PROG} down --name {name}` first")
         _stop_everything(state)  # stale: processes gone (e.g. reboot); clear its folder
         shutil.rmtree(state_dir(name), ignore_errors=True)
     cluster: LocalCluster
     if args.apiservers > 1 or args.etcd_members > 1:
-        from joblease.localcluster.ha import HACluster
+        from joblease_localcluster.ha import HACluster
 
         cluster = HACluster(apiservers=args.apiservers, etcd_members=args.etcd_members,
                             kwok=args.kwok, name=_context_for(name), detach=True)
@@ -83,8 +89,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     state = cluster.state()
     node = None
     if args.node:
-        from joblease.localcluster import images
-        from joblease.localcluster.node import NodeUnavailableError, RealNode
+        from joblease_localcluster import images
+        from joblease_localcluster.node import NodeUnavailableError, RealNode
 
         node = RealNode(cluster)
         try:
@@ -104,8 +110,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     for proc in [*cluster.processes, *(node.processes if node else [])]:
         print(f"  {proc.name:<24} pid {proc.pid:<8} log {proc.log_path}")
     if node is not None:
-        from joblease.localcluster import images
-        from joblease.localcluster.node import NODE_NAME
+        from joblease_localcluster import images
+        from joblease_localcluster.node import NODE_NAME
 
         print(f"node {NODE_NAME!r} is Ready (kubelet + containerd; pods need "
               f"hostNetwork: true and imagePullPolicy: Never; image {images.BASE_IMAGE})")
@@ -136,7 +142,7 @@ def _stop_everything(state: dict[str, Any]) -> tuple[list[str], list[str]]:
     stopped: list[str] = []
     left: list[str] = []
     if state.get("node"):
-        from joblease.localcluster.node import stop_detached_node
+        from joblease_localcluster.node import stop_detached_node
 
         stopped, left = stop_detached_node(state["node"])
     return [*stopped, *stop_detached(state)], left
@@ -146,7 +152,7 @@ def cmd_env(args: argparse.Namespace) -> int:
     """Print the shell line that points kubectl at a detached local cluster."""
     state = _read_state(args.name)
     if state is None:
-        return _err(f"no local cluster {args.name!r}; run `joblease local-cluster up`")
+        return _err(f"no local cluster {args.name!r}; run `{PROG} up`")
     print(f"export KUBECONFIG={shlex.quote(str(state['kubeconfig']))}")
     return 0
 
@@ -158,7 +164,7 @@ def _name(value: str) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``build`` and ``local-cluster`` to the ``joblease`` command."""
+    """Add ``build``, ``up``, ``down``, ``env`` and ``demo``."""
     p_build = subparsers.add_parser(
         "build", help="build (or reuse) the cluster binaries",
         description="Build etcd, Kubernetes components, kwok or helm from their Go modules "
@@ -167,12 +173,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                          help=f"default: {' '.join(build.CONTROL_PLANE)}")
     p_build.set_defaults(func=cmd_build)
 
-    p_local = subparsers.add_parser("local-cluster", help="a detached local control plane")
-    local = p_local.add_subparsers(dest="local_command", required=True)
-    for verb, func, text in (("up", cmd_up, "start it (processes outlive this command)"),
+    for verb, func, text in (("up", cmd_up, "start a detached local cluster (processes "
+                                            "outlive this command)"),
                              ("down", cmd_down, "stop it and remove its files"),
                              ("env", cmd_env, "print `export KUBECONFIG=…`")):
-        sub = local.add_parser(verb, help=text)
+        sub = subparsers.add_parser(verb, help=text)
         sub.add_argument("--name", type=_name, default=DEFAULT_NAME,
                          help="which local cluster (default: %(default)s)")
         if verb == "up":
@@ -187,16 +192,30 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                                   "root; `down` removes its processes, mounts and cgroups)")
         sub.set_defaults(func=func)
 
+    p_demo = subparsers.add_parser(
+        "demo", help="the A/B fencing demo on a local control plane (needs joblease)")
+    p_demo.add_argument("--keep", action="store_true",
+                        help="keep the cluster folder (logs) after the demo")
+    p_demo.set_defaults(func=_cmd_demo)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from joblease_localcluster import demo  # imports joblease: only this command needs it
+
+    return demo.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the ``joblease-localcluster`` parser."""
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
 
 def main(argv: list[str] | None = None) -> int:
-    """Run only these subcommands (``python -m joblease.localcluster.cli local-cluster up``).
-
-    The same commands as ``joblease build`` / ``joblease local-cluster``, without importing
-    the rest of the product: the test harness stays usable while other parts change.
-    """
-    parser = argparse.ArgumentParser(prog="joblease")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
+    """Run ``joblease-localcluster`` and return its exit code."""
+    args = build_parser().parse_args(argv)
     code: int = args.func(args)
     return code
 

@@ -2,11 +2,11 @@
 
 Production clusters run several kube-apiservers behind a TCP load balancer on an etcd
 cluster of three or five members. ``HACluster`` reproduces that shape with the same
-upstream binaries as :class:`~joblease.localcluster.cluster.LocalCluster`, so the lease
+upstream binaries as :class:`~joblease_localcluster.cluster.LocalCluster`, so the lease
 protocol can be tested where "the API server" is several processes (and several clocks):
 
     etcd m0, m1, m2 (one raft cluster) → kube-apiserver-0..N-1 (all on every member)
-      → load balancer (:mod:`joblease.localcluster.lb`, round-robin per connection)
+      → load balancer (:mod:`joblease_localcluster.lb`, round-robin per connection)
       → the kubeconfig's ``server`` → controller-manager, scheduler, clients
 
 It subclasses ``LocalCluster`` and changes only how etcd and the API servers start, so
@@ -32,8 +32,8 @@ import time
 import urllib.request
 from typing import Any
 
-from joblease.localcluster.cluster import ADMIN, LocalCluster, _http_ok
-from joblease.localcluster.process import ComponentStartError, ManagedProcess, free_port
+from joblease_localcluster.cluster import ADMIN, LocalCluster, _http_ok
+from joblease_localcluster.process import ComponentStartError, ManagedProcess, free_port
 
 LB_NAME = "load-balancer"
 
@@ -174,7 +174,7 @@ class HACluster(LocalCluster):
 
     def _start_lb(self) -> None:
         port = free_port()
-        argv = [sys.executable, "-m", "joblease.localcluster.lb", f"--port={port}",
+        argv = [sys.executable, "-m", "joblease_localcluster.lb", f"--port={port}",
                 *[f"--backend=127.0.0.1:{p}" for p in self.apiserver_ports]]
         self.lb_port = port
         self._apiserver_port = port  # from here on `server` (and every kubeconfig) is the LB
@@ -195,9 +195,8 @@ class HACluster(LocalCluster):
 
 
 def _package_root() -> str:
-    import joblease
-
-    return str(os.path.dirname(os.path.dirname(os.path.abspath(joblease.__file__))))
+    """The folder holding ``joblease_localcluster`` (the load balancer needs only it)."""
+    return str(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _safe(check: Any) -> bool:

@@ -7,7 +7,7 @@ Guarantees:
       and the process is stopped. A start-up failure is never a silent hang.
     * ``stop()`` signals only the PID this object started (SIGTERM, wait up to
       ``stop_timeout``, then SIGKILL) and reaps it. :func:`stop_pid` does the same for a
-      process started by an earlier command (``joblease local-cluster down``), after
+      process started by an earlier command (``joblease-localcluster down``), after
       checking ``/proc/PID/cmdline`` still names the binary we started: a PID the kernel
       has reused for another program is left alone.
 
