@@ -6,7 +6,7 @@ BIN       := $(VENV)/bin
 STAMP     := $(VENV)/.installed
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup binaries control-plane demo test unit lint bench soak clean-cache help sync-crds
+.PHONY: setup binaries control-plane demo test unit lint bench soak mutate clean-cache help sync-crds
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -49,6 +49,10 @@ soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 bench: control-plane ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
+
+mutate: setup ## mutation testing (mutmut) of domain, kube/transact.py, sdk; MODULES="domain transact" to narrow
+	$(BIN)/pip install -q -c constraints.txt -e '.[mutate]'
+	$(BIN)/python -m tests.mutation.mutate $(MODULES)
 
 sync-crds: ## copy crds/*.yaml into the Helm chart (tests/unit/test_crd_drift.py checks it)
 	cp crds/*.yaml charts/joblease-operator/crds/

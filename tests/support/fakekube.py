@@ -53,6 +53,7 @@ class FakeKubeApi:
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.events: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str]] = []
+        self.request_clock: list[float] = []  # the monotonic clock when each request went out
         self.refuse_next: list[ApiError] = []  # raised (in order) by the next writes
         self._revision = itertools.count(first_revision)
         self._lock = threading.Lock()
@@ -72,6 +73,7 @@ class FakeKubeApi:
                 timeout: float = 10.0) -> Response:
         with self._lock:
             self.requests.append((method, path))
+            self.request_clock.append(self._monotonic)
             result = self._handle(method, path, body, content_type)
             return Response(200, copy.deepcopy(result), 0.0, 0.0)
 
