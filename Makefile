@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 LC        := $(BIN)/joblease-localcluster
 LINTED    := operator localcluster tests e2e bench
 
-.PHONY: setup binaries control-plane demo test unit lint bench soak clean-cache help sync-crds sim \
+.PHONY: setup binaries control-plane demo test unit lint bench soak clean-cache help sync-crds sim mutate \
         os-packages-demo os-packages-test
 
 help:
@@ -64,6 +64,10 @@ soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 bench: control-plane ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
+
+mutate: setup ## mutation testing (mutmut) of domain, kube/transact.py, sdk; MODULES="domain transact" to narrow
+	$(BIN)/pip install -q -c constraints.txt -e '.[mutate]'
+	$(BIN)/python -m tests.mutation.mutate $(MODULES)
 
 sync-crds: ## copy crds/*.yaml into the Helm chart and the local cluster's package data (tests/unit/test_crd_drift.py checks both)
 	cp crds/*.yaml charts/joblease-operator/crds/

@@ -1,0 +1,149 @@
+"""An in-memory stand-in for the API server, behind the product's own ``LeaseStore``.
+
+Why not a fake ``LeaseStore``: the fuzz and mutation tests want the real store and the
+real ``transact`` to run — the merge patch built from ``changes_since``, the
+``resourceVersion`` precondition, ``Observed.from_object`` on what comes back — so only
+the HTTP layer (``KubeApi.request``) is replaced. What it does, as the API server does:
+
+* GET of one JobLease returns the stored JSON; a missing one raises ``NotFoundError``;
+* PATCH of ``/status`` with ``application/merge-patch+json`` applies RFC 7386 (``null``
+  deletes, objects merge, anything else replaces) if ``metadata.resourceVersion`` matches,
+  else raises ``ConflictError`` (409); every write takes the next global revision;
+* DELETE honours the ``uid`` and ``resourceVersion`` preconditions (409 otherwise);
+* POST of an Event records it.
+
+It checks neither the schema nor the CEL rules (the cluster tests do); tests that need a
+refusal use :attr:`FakeKubeApi.refuse_next`. Time is a fixed, settable ``ServerNow``.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from joblease.domain.clock import ServerClock, ServerNow
+from joblease.kube.api import ApiError, ConflictError, NotFoundError, Response
+
+T_NOW = datetime(2026, 12, 3, 12, 0, 10, tzinfo=UTC)
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+class FakeKubeApi:
+    """The part of ``KubeApi`` that ``LeaseStore``, ``transact`` and the reconciler use."""
+
+    def __init__(self, now: ServerNow | None = None, first_revision: int = 100) -> None:
+        self.now = now or ServerNow.exact(T_NOW)
+        self.clock = ServerClock()  # for the SDK's local deadline: server time at monotonic 0
+        self.clock.observe(0.0, 0.0, int(self.now.earliest.timestamp()))
+        self.objects: dict[tuple[str, str], dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.requests: list[tuple[str, str]] = []
+        self.request_clock: list[float] = []  # the monotonic clock when each request went out
+        self.refuse_next: list[ApiError] = []  # raised (in order) by the next writes
+        self._revision = itertools.count(first_revision)
+        self._lock = threading.Lock()
+        self._monotonic = 0.0
+
+    # -- KubeApi surface ------------------------------------------------------------------
+
+    def server_now(self) -> ServerNow:
+        return self.now
+
+    def monotonic(self) -> float:
+        self._monotonic += 0.001
+        return self._monotonic
+
+    def request(self, method: str, path: str, body: Any = None, *,
+                query: dict[str, str] | None = None, content_type: str | None = None,
+                timeout: float = 10.0) -> Response:
+        with self._lock:
+            self.requests.append((method, path))
+            self.request_clock.append(self._monotonic)
+            result = self._handle(method, path, body, content_type)
+            return Response(200, copy.deepcopy(result), 0.0, 0.0)
+
+    # -- test helpers ---------------------------------------------------------------------
+
+    def next_revision(self) -> str:
+        return str(next(self._revision))
+
+    def put_object(self, obj: dict[str, Any], *, keep_revision: bool = False) -> dict[str, Any]:
+        """Store ``obj`` as if created (a fresh resourceVersion unless ``keep_revision``)."""
+        stored = copy.deepcopy(obj)
+        meta = stored.setdefault("metadata", {})
+        if not keep_revision:
+            meta["resourceVersion"] = self.next_revision()
+        meta.setdefault("namespace", "ns")
+        meta.setdefault("uid", f"uid-{meta['name']}")
+        self.objects[(meta["namespace"], meta["name"])] = stored
+        return copy.deepcopy(stored)
+
+    def stored(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get((namespace, name)))
+
+    # -- the "server" ---------------------------------------------------------------------
+
+    def _handle(self, method: str, path: str, body: Any, content_type: str | None) -> Any:
+        parts = path.strip("/").split("/")
+        if method == "POST" and parts[-1] == "events":
+            self.events.append(copy.deepcopy(body))
+            return body
+        # /apis/joblease.dev/v1alpha1/namespaces/NS/jobleases/NAME[/status]
+        namespace, name = parts[4], parts[6]
+        key = (namespace, name)
+        current = self.objects.get(key)
+        if current is None:
+            raise NotFoundError(404, "NotFound", f"jobleases {name!r} not found")
+        if method == "GET":
+            return current
+        if self.refuse_next:
+            raise self.refuse_next.pop(0)
+        if method == "PATCH":
+            assert parts[-1] == "status", path
+            assert content_type == "application/merge-patch+json", content_type
+            wanted = body["metadata"]["resourceVersion"]
+            if wanted != current["metadata"]["resourceVersion"]:
+                raise ConflictError(409, "Conflict", "the object has been modified")
+            new = merge_patch(current, {"status": body["status"]})
+            if new.get("status") is None:
+                new.pop("status", None)
+            new["metadata"]["resourceVersion"] = self.next_revision()
+            self.objects[key] = new
+            return new
+        if method == "DELETE":
+            pre = body["preconditions"]
+            meta = current["metadata"]
+            if pre["uid"] != meta["uid"] or pre["resourceVersion"] != meta["resourceVersion"]:
+                raise ConflictError(409, "Conflict", "precondition failed")
+            del self.objects[key]
+            return {"status": "Success"}
+        raise AssertionError(f"unexpected request {method} {path}")
+
+
+def lease_object(name: str, status: dict[str, Any] | None = None, namespace: str = "ns",
+                 **spec: Any) -> dict[str, Any]:
+    """A JobLease object as the API server returns it (spec defaults applied)."""
+    obj: dict[str, Any] = {
+        "apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}",
+                     "resourceVersion": "1", "generation": 1},
+        "spec": {"leaseDurationSeconds": 30, **spec},
+    }
+    if status is not None:
+        obj["status"] = status
+    return obj
