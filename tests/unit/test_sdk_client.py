@@ -12,7 +12,7 @@ from datetime import timedelta
 
 import pytest
 
-from joblease.domain.clock import ServerNow
+from joblease.domain.clock import DEFAULT_DRIFT, ServerNow
 from joblease.domain.errors import (
     LeaseExpiredError,
     LeaseFinishedError,
@@ -44,8 +44,10 @@ def test_claim_returns_the_token_the_end_and_a_deadline_before_it() -> None:
     assert (lease.name, lease.namespace, lease.holder) == ("job", "ns", "worker-a")
     assert lease.lease_until == T_NOW + timedelta(seconds=10)
     # the clock was observed at monotonic 0 as [T_NOW, T_NOW + 1): the holder must assume
-    # the server is as far ahead as possible, so the deadline is 10 - 1 - margin seconds
-    assert lease.deadline == pytest.approx(10 - 1 - DEFAULT_MARGIN.total_seconds())
+    # the server is as far ahead as possible, so the deadline is 10 - 1 - margin seconds,
+    # shortened by the drift the server's clock may gain meanwhile (docs/safety.md)
+    assert lease.deadline == pytest.approx(
+        (10 - 1 - DEFAULT_MARGIN.total_seconds()) / (1 + DEFAULT_DRIFT))
     assert 0 < lease.remaining() < 10 - 1 - DEFAULT_MARGIN.total_seconds()
     assert lease.valid() and lease.lost is None
     assert "worker-a" in repr(lease) and f"token={lease.token}" in repr(lease)

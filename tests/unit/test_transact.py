@@ -9,13 +9,15 @@ a cached version is confirmed from a fresh read, and that it gives up after
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseHeldError, StaleLeaseError
-from joblease.domain.lease import Observed, Phase, Transition, decide_claim, decide_renew
+from joblease.domain.lease import Claim, Observed, Phase, Transition, decide_claim, decide_renew
 from joblease.kube.api import ConflictError, InvalidError
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import MAX_CONFLICTS, ContentionError, transact
@@ -96,7 +98,7 @@ def test_a_refusal_from_a_cached_version_is_confirmed_from_a_fresh_read() -> Non
     api.requests.clear()
     with pytest.raises(StaleLeaseError) as err:
         transact(store, "ns", "job",
-                 lambda obs, now: decide_renew(obs, "a", 1, now, MARGIN), observed=mine)
+                 renew_by_a(mine), observed=mine)
     assert (err.value.current_holder, err.value.current_generation) == ("b", 2)
     assert api.requests == [GET]
 
@@ -106,7 +108,7 @@ def test_a_cached_version_saves_the_read_when_it_is_current() -> None:
     mine = transact(store, "ns", "job", claim_by("a")).observed
     api.requests.clear()
     out = transact(store, "ns", "job",
-                   lambda obs, now: decide_renew(obs, "a", 1, now, MARGIN), observed=mine)
+                   renew_by_a(mine), observed=mine)
     assert api.requests == [PATCH]
     assert out.transition is not None and out.transition.kind == "renewed"
 
@@ -132,7 +134,7 @@ def test_a_conflict_after_a_cached_decision_reads_fresh() -> None:
     api.requests.clear()
     api.refuse_next = [ConflictError(409, "Conflict", "modified")]
     transact(store, "ns", "job",
-             lambda obs, now: decide_renew(obs, "a", 1, now, MARGIN), observed=mine)
+             renew_by_a(mine), observed=mine)
     assert api.requests == [PATCH, GET, PATCH]
 
 
@@ -169,3 +171,9 @@ def test_other_api_errors_are_not_retried() -> None:
     with pytest.raises(InvalidError):
         transact(store, "ns", "job", claim_by("a"))
     assert api.requests == [GET, PATCH]
+
+
+def renew_by_a(mine: Observed) -> Callable[[Observed, Any], Transition | None]:
+    """A renewal by 'a' presenting the whole token of the claim ``mine`` records."""
+    claim = Claim("a", mine.status.token())
+    return lambda obs, now: decide_renew(obs, claim, now, MARGIN)

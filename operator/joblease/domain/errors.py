@@ -12,7 +12,7 @@ stale task token could not tell it from a bug) so callers can tell three situati
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from joblease.domain.token import FencingToken
 
@@ -100,6 +100,11 @@ class LeaseNotFoundError(LeaseError):
 
 
 def format_time(when: datetime) -> str:
-    """Format a time the way the JobLease status stores it (RFC 3339, ms, UTC)."""
+    """Format a time the way the JobLease status stores it (RFC 3339, ms, UTC).
+
+    Converted to UTC first: a time read with an offset is written back as the same instant.
+    """
+    if when.tzinfo is not None:
+        when = when.astimezone(UTC)
     return (f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:"
             f"{when.minute:02d}:{when.second:02d}.{when.microsecond // 1000:03d}Z")

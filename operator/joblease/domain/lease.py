@@ -498,11 +498,13 @@ def set_condition(conditions: tuple[dict[str, Any], ...], type_: str, status: bo
     return (*(c for c in conditions if c.get("type") != type_), new)
 
 
-# RFC 3339 as kube-openapi's strfmt accepts it for ``format: date-time``: any year 0000-9999,
-# ``T``/``t`` (or a space), fractional seconds of any length, ``Z``/``z`` or an offset.
-_RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})[Tt ](\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?"
-    r"(?:([Zz])|([+-])(\d{2}):(\d{2}))")
+# RFC 3339 as kube-openapi's strfmt accepts it for ``format: date-time``: lower-cased and split
+# at ``t`` (anything after a second ``t`` is ignored); a date of any year 0000-9999; a time
+# whose fraction may follow any one character and have any length; ``z`` or an offset of
+# two two-digit numbers (``+99:99`` passes).
+_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+_TIME = re.compile(r"(\d{2}):(\d{2}):(\d{2})(?:.(\d+))?(?:(z)|([+-])(\d{2}):(\d{2}))",
+                   re.ASCII | re.DOTALL)
 # Every stored time is clamped into this window, so that adding any duration the protocol
 # uses (a lease of at most a day, a TTL of at most a year, margins) can never overflow.
 EARLIEST_TIME = datetime(2, 1, 1, tzinfo=UTC)
@@ -510,21 +512,28 @@ LATEST_TIME = datetime(9998, 1, 1, tzinfo=UTC)
 
 
 def parse_time(text: str) -> datetime:
-    """Parse an RFC 3339 timestamp as the API server stores it; never raises for a valid one.
+    """Parse a timestamp as the API server stores it; never raises for one it accepts.
 
     Why not ``datetime.fromisoformat``: the API server accepts what Python does not (year
-    0000, a lowercase ``z``, nanoseconds, a second of 60, offsets that push the instant
-    past year 9999), and one such value written by any client must not stop the operator
-    or a worker. Out-of-range instants are clamped to ``[EARLIEST_TIME, LATEST_TIME]``.
+    0000, a lowercase ``z``, nanoseconds, offsets of ``+24:00`` and more, odd fraction
+    separators, offsets that push the instant past year 9999), and one such value written
+    by any client must not stop the operator or a worker. Out-of-range instants are
+    clamped to ``[EARLIEST_TIME, LATEST_TIME]``. A space instead of ``T`` is read too.
 
     Raises:
-        ValueError: ``text`` is not an RFC 3339 timestamp at all (the schema forbids it).
+        ValueError: ``text`` is not a date-time the schema accepts at all.
     """
-    match = _RFC3339.fullmatch(text.strip())
-    if match is None:
+    lowered = text.strip().lower()
+    if lowered[10:11] == " ":
+        lowered = lowered[:10] + "t" + lowered[11:]
+    parts = lowered.split("t")
+    date = _DATE.fullmatch(parts[0])
+    time_ = _TIME.fullmatch(parts[1]) if len(parts) > 1 else None
+    if date is None or time_ is None:
         raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
-    year, month, day, hour, minute, second = (int(g) for g in match.groups()[:6])
-    fraction, zulu, sign, off_h, off_m = match.groups()[6:]
+    year, month, day = (int(g) for g in date.groups())
+    hour, minute, second = (int(g) for g in time_.groups()[:3])
+    fraction, zulu, sign, off_h, off_m = time_.groups()[3:]
     micros = int((fraction or "0")[:6].ljust(6, "0"))
     offset = 0 if zulu else (int(off_h) * 60 + int(off_m)) * (1 if sign == "+" else -1)
     if year < EARLIEST_TIME.year:

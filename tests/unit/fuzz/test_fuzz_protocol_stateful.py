@@ -35,6 +35,7 @@ from joblease.domain.errors import (
     StaleLeaseError,
 )
 from joblease.domain.lease import (
+    Claim,
     LeaseSpec,
     LeaseStatus,
     Observed,
@@ -138,26 +139,28 @@ class ProtocolMachine(RuleBasedStateMachine):
         assert token not in self.owner
         self.issued.append(token)
         self.owner[token] = holder
-        self.known[holder].append(token.generation)
+        self.known[holder].append(token)
 
     def _held_op(self, holder: str, pick: int, error: float, op: str, failed: bool = False
                  ) -> None:
-        generations = self.known[holder] or [0]
-        generation = generations[pick % len(generations)]
+        tokens = self.known[holder] or [FencingToken(0, 0)]
+        token = tokens[pick % len(tokens)]
+        generation = token.generation
+        claim = Claim(holder, token)
         before, now = self.obs.status, self._server_now(error)
         current = (before.phase is Phase.HELD and before.holder == holder
-                   and before.generation == generation)
+                   and before.token() == token)
         try:
             if op == "renew":
-                t = decide_renew(self.obs, holder, generation, now, MARGIN)
+                t = decide_renew(self.obs, claim, now, MARGIN)
             elif op == "complete":
-                t = decide_complete(self.obs, holder, generation, "done", now, MARGIN)
+                t = decide_complete(self.obs, claim, "done", now, MARGIN)
             else:
-                t = decide_release(self.obs, holder, generation, now, MARGIN, failed)
+                t = decide_release(self.obs, claim, now, MARGIN, failed)
         except StaleLeaseError as err:
             assert not current
-            assert (err.current_holder, err.current_generation, err.phase) == (
-                before.holder, before.generation, before.phase.value)
+            assert (err.current_holder, err.current_token, err.phase) == (
+                before.holder, before.token(), before.phase.value)
             assert (err.holder, err.generation) == (holder, generation)
             assert f"the current generation is {before.generation}" in str(err)
             return
@@ -165,6 +168,12 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert current
             assert before.lease_until is None or now.latest > before.lease_until - MARGIN
             assert (err.holder, err.generation) == (holder, generation)
+            return
+        if t is None:  # this very claim's completion, recognised (a retry after a lost answer)
+            record = before.completion
+            assert op == "complete" and before.phase is Phase.COMPLETED and record is not None
+            assert (record.holder, record.generation, before.token()) == (
+                holder, generation, token)
             return
         assert current, "a non-current token was accepted"
         assert self.owner[before.token()] == holder
