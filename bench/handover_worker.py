@@ -42,7 +42,7 @@ def ours_claimer(args: argparse.Namespace) -> None:
     from joblease.sdk.client import LeaseClient
 
     client = LeaseClient(args.namespace, kubeconfig=args.kubeconfig)
-    client.margin()  # calibrate before the race
+    client.calibrate()  # before the race
 
     def claim(name: str) -> None:
         own = LeaseClient(args.namespace, api=client.api, calibrate=False)

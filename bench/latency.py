@@ -29,7 +29,7 @@ from joblease.sdk.client import Lease, LeaseClient
 def run(kubeconfig: str, namespace: str, iterations: int, results: Path) -> dict[str, Any]:
     api = KubeApi.from_kubeconfig(kubeconfig)
     client = LeaseClient(namespace, api=api)
-    client.margin()  # calibrate once, outside the timings
+    client.calibrate()  # once, outside the timings
     store = LeaseStore(api)
     for name in ("floor", "claim-a", "claim-b", "renew"):
         store.create(namespace, name, {"leaseDurationSeconds": 30})

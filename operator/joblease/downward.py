@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from joblease.domain.errors import JobleaseError
 from joblease.domain.lease import parse_time
 from joblease.domain.token import FencingToken
 
@@ -48,8 +49,12 @@ _SIMPLE_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
 
 
-class DownwardFormatError(ValueError):
-    """The file is not in the kubelet's ``key="value"`` format."""
+class DownwardFormatError(JobleaseError, ValueError):
+    """The file is not in the kubelet's ``key="value"`` format.
+
+    A ``JobleaseError`` like every error joblease raises, and still a ``ValueError`` (what
+    it was first), so callers that catch a malformed value that way keep working.
+    """
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class _StopChildOnLoss(Holding):
             child = self.child
         if child is None or child.poll() is not None:
             return  # not started yet: run_under_lease checks the loss before starting it
-        print(f"joblease run: lease {self.lease.name!r} lost ({self.error}); stopping the "
+        print(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); stopping the "
               f"command (pid {child.pid})", file=sys.stderr, flush=True)
         _signal_group(child, signal.SIGTERM)
         threading.Thread(target=self._kill_after_grace, args=(child,), daemon=True).start()
@@ -77,13 +77,13 @@ class _StopChildOnLoss(Holding):
                     ) -> subprocess.Popen[bytes] | None:
         """Start the command unless the lease is already lost (then return ``None``)."""
         with self._child_lock:
-            if self.error is not None or not self.lease.valid():
+            if self.loss is not None or not self.lease.valid():
                 return None
             self.sentinel = Sentinel.start(self.lease.deadline, self.grace)
             self.child = subprocess.Popen(command, env=env, start_new_session=True,
                                           preexec_fn=_die_with_parent)
             self.sentinel.watch(self.child.pid)
-        if self.error is not None:  # lost while starting: on_lost saw no child yet
+        if self.loss is not None:  # lost while starting: on_lost saw no child yet
             _signal_group(self.child, signal.SIGKILL)
         return self.child
 
@@ -194,7 +194,7 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
         child = holding.start_child(command, env)
         if child is None:
             print(f"joblease run: lease {lease.name!r} was lost before the command started "
-                  f"({holding.error}); not starting it", file=sys.stderr, flush=True)
+                  f"({holding.loss}); not starting it", file=sys.stderr, flush=True)
             return RunResult(EXIT_LEASE_LOST, True, False)
         forward = _forward_signals(child)
         try:
@@ -203,14 +203,15 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
             forward()
             if holding.sentinel is not None:
                 holding.sentinel.done()
-        holding.failed = code != 0
-        if holding.error is None and code == 0:
+        if code != 0:
+            holding.fail()  # released as failed on exit: an attempt is counted
+        if holding.loss is None and code == 0:
             try:
                 holding.complete(f"exit 0: {' '.join(command)[:200]}")
             except (LeaseError, ApiError) as err:
                 print(f"joblease run: completion refused: {err}", file=sys.stderr)
                 return RunResult(code, True, False)
-    return RunResult(code, holding.error is not None, holding.completed)
+    return RunResult(code, holding.loss is not None, holding.completed)
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -59,7 +59,7 @@ def test_shared_identity_never_adopts_the_recreated_leases_token(
         old.renew()
     with pytest.raises(LeaseLostError):
         old.complete("completes the other replica's job")
-    assert str(old.token) != str(new.token) and old.lost is not None
+    assert str(old.token) != str(new.token) and old.loss is not None
     status = b.get("job").status
     assert (status.phase, status.token(), status.completion) == (Phase.HELD, new.token, None)
     new.complete("ok")  # the rightful holder is unaffected

@@ -78,7 +78,7 @@ class Worker:
         self.args = args
         self.holder = args.holder
         self.client = LeaseClient(args.namespace, kubeconfig=args.kubeconfig)
-        self.client.margin()  # calibrate once, before anything is recorded
+        self.client.calibrate()  # once, before anything is recorded
 
         def bounds() -> tuple[float, float]:
             now = self.client.api.server_now()

@@ -72,7 +72,7 @@ def client(kubeconfig: Path, namespace: str, skew: float | None = None) -> Lease
     api = KubeApi.from_kubeconfig(str(kubeconfig))
     c = LeaseClient(namespace, api=api,
                     max_server_skew=None if skew is None else timedelta(seconds=skew))
-    c.margin()  # calibrate before anything is recorded
+    c.calibrate()  # before anything is recorded (margin() never calibrates)
     return c
 
 

@@ -150,7 +150,7 @@ class FakeLease:
 
     def __init__(self, seconds: float, renew_effect: Any) -> None:
         self.name, self.holder, self.generation = "job", "h", 1
-        self.token, self.lease_until, self.lost = FencingToken(1, 1), T0, None
+        self.token, self.lease_until, self.loss = FencingToken(1, 1), T0, None
         self.deadline = time.monotonic() + seconds
         self.renew_effect = renew_effect
         self.renewals = 0
@@ -159,7 +159,7 @@ class FakeLease:
         return self.deadline - time.monotonic()
 
     def valid(self) -> bool:
-        return self.lost is None and self.remaining() > 0
+        return self.loss is None and self.remaining() > 0
 
     def renew(self) -> None:
         self.renewals += 1
@@ -183,11 +183,11 @@ def test_renewals_failing_any_way_end_in_a_declared_loss_at_the_deadline(
     lease = FakeLease(1.0, _raises(err))
     losses: list[LeaseLostError] = []
     with Holding(lease, renew_fraction=0.2) as holding:  # type: ignore[arg-type]
-        holding.on_lost = lambda: losses.append(holding.error)  # type: ignore[method-assign,arg-type]
+        holding.on_lost = lambda: losses.append(holding.loss)  # type: ignore[method-assign,arg-type]
         assert holding.lost.wait(3), "the loss was never declared"
         lost_at = lease.remaining()
     assert -0.2 < lost_at <= 0.05
-    assert isinstance(holding.error, LeaseExpiredError) and len(losses) == 1
+    assert isinstance(holding.loss, LeaseExpiredError) and len(losses) == 1
     assert lease.renewals >= 2  # it kept retrying until the deadline
 
 
@@ -195,7 +195,7 @@ def test_a_renewal_thread_killed_by_a_base_exception_declares_the_loss() -> None
     lease = FakeLease(30.0, _raises(SystemExit(3)))
     with Holding(lease, renew_fraction=0.01) as holding:  # type: ignore[arg-type]
         assert holding.lost.wait(3)
-    assert isinstance(holding.error, RenewalStoppedError)
+    assert isinstance(holding.loss, RenewalStoppedError)
 
 
 def test_a_hung_renewal_cannot_delay_the_declared_loss() -> None:

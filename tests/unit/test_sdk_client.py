@@ -49,7 +49,7 @@ def test_claim_returns_the_token_the_end_and_a_deadline_before_it() -> None:
     assert lease.deadline == pytest.approx(
         (10 - 1 - DEFAULT_MARGIN.total_seconds()) / (1 + DEFAULT_DRIFT))
     assert 0 < lease.remaining() < 10 - 1 - DEFAULT_MARGIN.total_seconds()
-    assert lease.valid() and lease.lost is None
+    assert lease.valid() and lease.loss is None
     assert "worker-a" in repr(lease) and f"token={lease.token}" in repr(lease)
 
 
@@ -100,7 +100,7 @@ def test_a_stale_holder_is_told_it_lost_and_marked_lost() -> None:
     with pytest.raises(StaleLeaseError) as err:
         a.renew()
     assert (err.value.current_holder, err.value.current_generation) == ("b", 2)
-    assert a.lost is err.value and not a.valid()
+    assert a.loss is err.value and not a.valid()
     with pytest.raises(StaleLeaseError):
         a.complete("late")
 
@@ -111,7 +111,7 @@ def test_an_expired_holder_gets_expired_not_stale() -> None:
     later(api, 10)
     with pytest.raises(LeaseExpiredError):
         a.release()
-    assert isinstance(a.lost, LeaseExpiredError)
+    assert isinstance(a.loss, LeaseExpiredError)
 
 
 def test_exhausted_attempts_turn_a_claim_into_a_finished_error() -> None:

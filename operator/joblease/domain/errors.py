@@ -1,5 +1,12 @@
 """Errors of the lease protocol, each naming the lease, the holder and the generation.
 
+``JobleaseError`` is the root of every error joblease raises on purpose — the protocol's
+(here), the API server's (``joblease.kube.api.ApiError``), a fencing target's
+(``joblease.fencing.errors.FencingError``) and the downward API reader's
+(``joblease.downward.DownwardFormatError``). It lives in this module because this is the
+bottom layer every other one may import (``pyproject.toml``'s import contracts), so one
+``except joblease.JobleaseError`` catches them all without the layers depending upward.
+
 They are distinct types (temporal#2538: users who got a generic "invalid argument" for a
 stale task token could not tell it from a bug) so callers can tell three situations apart:
 
@@ -17,7 +24,17 @@ from datetime import UTC, datetime
 from joblease.domain.token import FencingToken
 
 
-class LeaseError(Exception):
+class JobleaseError(Exception):
+    """Root of every error the SDK, the CLI and the helpers raise on purpose.
+
+    Catch it to tell "joblease said no" (a refusal, a lost lease, an API server that
+    refused or did not answer, a stale token at a target) from a bug. Misuse of an argument
+    (a negative token part, a malformed ``EPOCH/GENERATION``) stays ``ValueError``, as in
+    the standard library.
+    """
+
+
+class LeaseError(JobleaseError):
     """Base of every joblease protocol error."""
 
     def __init__(self, name: str, message: str) -> None:

@@ -7,11 +7,12 @@ receives the error must learn it no longer owns the job (it should stop, not ret
 
 from __future__ import annotations
 
+from joblease.domain.errors import JobleaseError
 from joblease.domain.token import FencingToken
 
 
-class FencingError(Exception):
-    """Base class for every refusal by a fencing target."""
+class FencingError(JobleaseError):
+    """Base class for every refusal by a fencing target (a ``JobleaseError``)."""
 
 
 class StaleTokenError(FencingError):

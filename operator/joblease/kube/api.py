@@ -30,6 +30,7 @@ from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 
 from joblease.domain.clock import ServerClock, ServerNow
+from joblease.domain.errors import JobleaseError
 
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_TIMEOUT = 10.0
@@ -69,8 +70,11 @@ def clock_from_env(environ: dict[str, str] | None = None) -> ServerClock:
                        track_ttl=seconds(CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL))
 
 
-class ApiError(Exception):
-    """A request the API server answered with an error status (or that did not arrive)."""
+class ApiError(JobleaseError):
+    """A request the API server answered with an error status (or that did not arrive).
+
+    A ``JobleaseError``, so one ``except`` covers protocol refusals and API failures alike.
+    """
 
     def __init__(self, status: int, reason: str, message: str) -> None:
         super().__init__(f"{status} {reason}: {message}" if status else message)

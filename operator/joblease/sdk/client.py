@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from types import TracebackType
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
@@ -55,11 +57,28 @@ def default_holder() -> str:
 class LeaseClient:
     """Claims JobLeases in one namespace as one identity.
 
+    Close it when done (``close()`` or ``with LeaseClient(...) as client:``): it closes the
+    ``KubeApi`` it built itself. A ``KubeApi`` passed in as ``api`` belongs to the caller
+    and is left open, because callers share one connection pool and clock estimate across
+    several clients (a holder and its admin, a benchmark's workers); closing it under them
+    would break the others.
+
+    Calibration: with ``calibrate=True`` (the default) the first ``claim``, ``wait_claim``
+    or ``resume`` first calls :meth:`calibrate` (about one second, once per client), so a
+    worker's first lease gets a margin of milliseconds instead of about half a second.
+    Call :meth:`calibrate` yourself to pay that second when you choose (at start-up, before
+    recording anything); ``calibrate=False`` skips it, which only costs availability — the
+    estimate's error is part of every margin, so an uncalibrated client is as safe, it just
+    stops earlier and waits longer. :meth:`margin` never calibrates.
+
     Args:
         namespace: Namespace of the JobLeases.
-        api: A ``KubeApi``; by default built from ``kubeconfig``/``context`` (or in-cluster).
+        api: A ``KubeApi`` to use (and not close); by default one is built from
+            ``kubeconfig``/``context`` (or in-cluster) and closed by :meth:`close`.
+        kubeconfig: Path of a kubeconfig file (default ``$KUBECONFIG``, then in-cluster).
+        context: The kubeconfig context (default: its current context).
         margin: Safety margin added to the server-clock error bound; see ``joblease.domain.lease``.
-        calibrate: Narrow the server-clock estimate to milliseconds on first use (about 1 s).
+        calibrate: Calibrate lazily before the first claim or resume (see above).
         max_server_skew: The assumed maximum difference between API servers' clocks in an
             HA control plane (overrides ``JOBLEASE_MAX_SERVER_SKEW``; see ``docs/ha.md``).
             It widens the error bound, hence the margin, on both the holder's and the
@@ -71,21 +90,72 @@ class LeaseClient:
                  margin: timedelta = DEFAULT_MARGIN, calibrate: bool = True,
                  max_server_skew: timedelta | None = None) -> None:
         self.namespace = namespace
+        self._owns_api = api is None
         self.api = api or KubeApi.from_kubeconfig(kubeconfig, context)
         if max_server_skew is not None:
             self.api.clock.max_skew = max_server_skew.total_seconds()
         self.store = LeaseStore(self.api)
         self.base_margin = margin
-        self._calibrate = calibrate
+        self._calibration_due = calibrate
+        self._calibration_lock = threading.Lock()
         self._identity: str | None = None
+        self._closed = False
+
+    def calibrate(self) -> timedelta:
+        """Narrow the server-clock estimate to about a round trip; return the error bound.
+
+        Samples the API server's ``Date`` header around one tick of its second (up to about
+        1.5 s; ``KubeApi.calibrate``). Worth it once per process before the first claim:
+        the error bound is part of every margin, so a narrow one means a holder may work
+        closer to ``leaseUntil`` and a claimer takes over sooner. It also cancels the lazy
+        calibration of a client built with ``calibrate=True``.
+
+        Raises:
+            UnavailableError: the API server did not answer, or sent no usable ``Date``.
+        """
+        with self._calibration_lock:
+            self._calibration_due = False
+            self.api.calibrate()
+        return self.api.server_now().error
+
+    def _calibrate_if_due(self) -> None:
+        """The documented lazy step: calibrate once, before the first claim or resume."""
+        if self._calibration_due:
+            with self._calibration_lock:
+                if self._calibration_due:  # another thread may have done it meanwhile
+                    self.api.calibrate()
+                    self._calibration_due = False
 
     def margin(self) -> timedelta:
-        """The margin in force now: the base margin plus the clock estimate's error bound."""
-        if self._calibrate:
-            self._calibrate = False
-            self.api.calibrate()
-        now = self.api.server_now()
-        return self.base_margin + now.error
+        """The margin in force now: the base margin plus the clock estimate's error bound.
+
+        A read of the current estimate: it never calibrates. Only a client that has never
+        heard from the API server sends one ``GET /version`` first, because without any
+        ``Date`` header there is no estimate to read.
+
+        Raises:
+            UnavailableError: the API server did not answer, or sent no usable ``Date``.
+        """
+        return self.base_margin + self.api.server_now().error
+
+    def close(self) -> None:
+        """Close the ``KubeApi`` this client built (one passed in is left to its owner).
+
+        Idempotent. Stop every :class:`Holding` over this client's leases first: a holding
+        whose renewals cannot be sent declares its lease lost at the deadline.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_api:
+            self.api.close()
+
+    def __enter__(self) -> LeaseClient:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
 
     def resolve_holder(self, holder: str | None) -> str:
         """Turn a requested holder into the one written.
@@ -123,8 +193,12 @@ class LeaseClient:
             LeaseHeldError: held by someone else and not expired (names holder, generation, end).
             LeaseFinishedError: Completed or Failed.
             LeaseNotFoundError: no such JobLease.
-            UnavailableError: no answer (the claim may have landed: retry with ``claim_id``).
+            UnavailableError: no answer (the claim may have landed: retry with ``claim_id``);
+                ``ContentionError``, one of its kinds, if every attempt met a 409.
+            ApiError: refused for another reason (``ForbiddenError`` by RBAC or the
+                holder-only admission policy, ``InvalidError`` by the CRD's rules).
         """
+        self._calibrate_if_due()
         who = self.resolve_holder(holder)
         margin = self.margin()
         cid = claim_id or new_claim_id()
@@ -139,13 +213,29 @@ class LeaseClient:
                claim_id: str | None = None) -> Lease:
         """A :class:`Lease` for a claim made elsewhere (another process, ``joblease claim``).
 
-        Nothing is written. Its operations succeed only while that very claim — holder,
-        token and, if given, claim id — is current; otherwise they raise ``StaleLeaseError``
-        naming the current holder and token. Its deadline is the lease's end as now read.
+        What ``joblease renew/complete/release`` use, and what a worker that persisted its
+        token uses after a restart: the claim is named by what the claimer printed (holder,
+        token ``EPOCH/GENERATION`` and claim id). Nothing is written. Its operations succeed
+        only while that very claim — holder, token and, if given, claim id — is current;
+        otherwise they raise ``StaleLeaseError`` naming the current holder and token. Its
+        deadline is the lease's end as now read (a lease that is not current gets a deadline
+        of now, so ``valid()`` is false). Without ``claim_id`` two holders sharing a name
+        and token cannot be told apart; pass it when you have it.
+
+        With ``calibrate=True`` the client's first ``resume`` (or claim) calibrates first.
+
+        Args:
+            name: The JobLease.
+            holder: The holder the claim was made for (``None``: :func:`default_holder`;
+                ``"@identity"``: this client's username).
+            token: The claim's fencing token.
+            claim_id: The claim's id, as ``joblease claim`` prints it.
 
         Raises:
             LeaseNotFoundError: no such JobLease.
+            UnavailableError: the API server did not answer.
         """
+        self._calibrate_if_due()
         who = self.resolve_holder(holder)
         obs = self.get(name)
         outcome = Outcome(obs, None, self.api.monotonic())
@@ -207,12 +297,17 @@ class Lease:
 
     Attributes:
         name: The job id (the JobLease's name).
+        namespace: Its namespace.
+        uid: The uid of the JobLease object claimed (a re-created one is another lease).
         holder: Who holds it.
         token: The fencing token ``(epoch, generation)`` to present to every target.
         claim_id: The random id of this claim (shown by ``joblease claim``).
         lease_until: End of the lease on the API server's clock.
         deadline: Local monotonic time after which this holder must stop (see module doc).
-        lost: Why the lease was lost (``None`` while it was not seen lost).
+        loss: Why the lease was lost: the ``LeaseLostError`` one of its own operations met
+            (or a :class:`~joblease.sdk.hold.Holding` over it declared), ``None`` while
+            none has. Once set it never clears; :meth:`renew` then raises it without asking
+            the server.
     """
 
     def __init__(self, client: LeaseClient, holder: str, claim_id: str | None,
@@ -223,7 +318,7 @@ class Lease:
         self.name, self.namespace, self.uid = obs.name, obs.namespace, obs.uid
         self.token: FencingToken = token or obs.status.token()
         self.claim_id = claim_id
-        self.lost: LeaseLostError | None = None
+        self.loss: LeaseLostError | None = None
         self._apply(outcome, resumed=token is not None)
 
     @property
@@ -241,8 +336,13 @@ class Lease:
         return self.deadline - self._client.api.monotonic()
 
     def valid(self) -> bool:
-        """Whether this holder may still produce effects under the lease."""
-        return self.lost is None and self.remaining() > 0
+        """Whether this holder may still produce effects under the lease.
+
+        False once ``loss`` is set or the local deadline has passed. A point-in-time
+        answer: an effect started now can still land after the lease ended, which only the
+        target's fencing check stops.
+        """
+        return self.loss is None and self.remaining() > 0
 
     def renew(self) -> None:
         """Extend the lease (one conditional write from the last known version).
@@ -256,13 +356,13 @@ class Lease:
             LeaseGoneError: the JobLease was deleted or re-created.
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
-        if self.lost is None and self.remaining() <= 0:
+        if self.loss is None and self.remaining() <= 0:
             # Past the local deadline the lease may already belong to someone else: asking
             # the server could only confirm that, never undo it.
-            self.lost = LeaseExpiredError(self.name, self.holder, self.generation,
+            self.loss = LeaseExpiredError(self.name, self.holder, self.generation,
                                           self.lease_until)
-        if self.lost is not None:
-            raise self.lost
+        if self.loss is not None:
+            raise self.loss
         claim = self.claim
         self._do(lambda obs, now, m: decide_renew(obs, claim, now, m), until_deadline=True)
 
@@ -272,12 +372,22 @@ class Lease:
         Raises:
             StaleLeaseError: a newer claim exists; the completion is refused.
             LeaseExpiredError: the lease ran out first.
+            LeaseGoneError: the JobLease was deleted or re-created.
+            UnavailableError: no answer (retrying is safe: a completion whose answer was
+                lost is recognised as done).
         """
         claim = self.claim
         self._do(lambda obs, now, m: decide_complete(obs, claim, result, now, m))
 
     def release(self, failed: bool = False) -> None:
-        """Give the lease up so another worker can claim it now (``failed`` counts an attempt)."""
+        """Give the lease up so another worker can claim it now (``failed`` counts an attempt).
+
+        Raises:
+            StaleLeaseError, LeaseExpiredError, LeaseGoneError: as for :meth:`complete`.
+            LeaseFinishedError: ``failed`` used up the last of ``maxAttempts``: the lease is
+                now Failed.
+            UnavailableError: no answer (retrying is safe, as for :meth:`complete`).
+        """
         claim = self.claim
         self._do(lambda obs, now, m: decide_release(obs, claim, now, m, failed))
 
@@ -296,10 +406,10 @@ class Lease:
                                observed=self._observed,
                                deadline=self.deadline if until_deadline else None)
         except LeaseNotFoundError as err:
-            self.lost = LeaseGoneError(self.name, self.namespace, "deleted")
-            raise self.lost from err
+            self.loss = LeaseGoneError(self.name, self.namespace, "deleted")
+            raise self.loss from err
         except LeaseLostError as err:
-            self.lost = err
+            self.loss = err
             raise
         if outcome.transition is not None and outcome.transition.kind == "failed":
             raise _failed(outcome)

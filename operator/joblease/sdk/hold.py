@@ -4,14 +4,16 @@ A worker that cannot renew must stop producing effects under the old lease. Thes
 managers renew at a fraction of the lease duration and, as soon as a renewal is refused or
 the local deadline passes without a successful renewal, tell the work to stop:
 
-* sync (:class:`Holding`): ``holding.lost`` (a ``threading.Event``) is set, and
-  ``holding.check()`` raises ``LeaseLostError`` at the work's next checkpoint;
+* sync (:class:`Holding`): ``holding.loss`` becomes the ``LeaseLostError`` that says why,
+  ``holding.lost`` (a ``threading.Event`` to wait on) is set in the same step, and
+  ``holding.check()`` raises the loss at the work's next checkpoint;
 * asyncio (:class:`AsyncHolding`): additionally the task running the ``async with`` body is
   cancelled, and the block exits with ``LeaseLostError`` instead of ``CancelledError``.
 
 Neither can stop an effect already in flight (a request on the wire): that is what the
 target-side fencing check is for. On a normal exit the lease is released unless the body
-completed it; on an exception it is released as failed (an attempt is counted).
+completed it; on an exception, or after ``holding.fail()``, it is released as failed (an
+attempt is counted).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import threading
 from types import TracebackType
 
 from joblease.domain.errors import LeaseError, LeaseExpiredError, LeaseLostError
+from joblease.domain.token import FencingToken
 from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 
@@ -61,6 +64,18 @@ class Holding:
 
     Either thread's only exit other than a requested stop is declaring the lease lost.
 
+    Whether the hold is lost, and why, is one value: :attr:`loss` (the ``LeaseLostError``,
+    or ``None``). :attr:`lost` is a ``threading.Event`` set in the same step, for code that
+    wants to wait rather than poll; the lease's own ``Lease.loss`` gets the same error. A
+    loss the lease met outside the holding (a direct ``lease.renew()``) is adopted at the
+    next :meth:`check` or renewal.
+
+    Attributes:
+        lease: The held lease.
+        lost: Set once the lease is declared lost (``loss`` is then not ``None``).
+        completed: Whether :meth:`complete` succeeded.
+        renew_failures: Renewals that failed transiently and were retried.
+
     Args:
         lease: The held lease.
         renew_fraction: Renew after this fraction of the lease's remaining time.
@@ -73,9 +88,9 @@ class Holding:
                  stop_before: float = 0.0) -> None:
         self.lease = lease
         self.lost = threading.Event()
-        self.error: LeaseLostError | None = None
+        self._loss: LeaseLostError | None = None
         self.completed = False
-        self.failed = False  # set by the work to release as failed (an attempt) on exit
+        self._failed = False  # fail(): release as failed (an attempt) on exit
         self.renew_failures = 0  # renewals that failed transiently (retried)
         self._stop = threading.Event()
         self._moved = threading.Condition()  # the watchdog waits on it; notified on renew/stop
@@ -91,23 +106,56 @@ class Holding:
         ]
 
     @property
-    def token(self) -> object:
+    def token(self) -> FencingToken:
         """The fencing token of the held claim (unchanged by renewals)."""
         return self.lease.token
+
+    @property
+    def loss(self) -> LeaseLostError | None:
+        """Why the lease is lost (``StaleLeaseError``, ``LeaseExpiredError``, …), or ``None``.
+
+        The one answer to "is this hold lost, and why": set once, by whichever guard saw the
+        loss first, and never cleared. Read-only: a loss is declared, never assigned.
+        """
+        return self._loss
+
+    def fail(self) -> None:
+        """Mark the work as failed: on exit the lease is released as failed.
+
+        Counts an attempt towards ``spec.maxAttempts``, as an exception escaping the body
+        does; use it when the work failed without raising (``joblease run`` calls it for a
+        non-zero exit). No effect if the body completes the lease or it is lost.
+        """
+        self._failed = True
 
     def remaining(self) -> float:
         """Seconds until this holding declares the lease lost unless it is renewed."""
         return self.lease.remaining() - self._stop_before
 
     def check(self) -> None:
-        """Raise ``LeaseLostError`` if the lease is lost; call it before every effect."""
-        if self.error is None and (not self.lease.valid() or self.remaining() <= 0):
-            self._lose(self._expired())
-        if self.error is not None:
-            raise self.error
+        """Raise the loss if the lease is lost; call it before every effect.
+
+        Raises:
+            LeaseLostError: the lease is lost (:attr:`loss`); stop producing effects.
+        """
+        if self._loss is None:
+            if self.lease.loss is not None:
+                self._lose(self.lease.loss)  # met outside the holding: keep its reason
+            elif not self.lease.valid() or self.remaining() <= 0:
+                self._lose(self._expired())
+        if self._loss is not None:
+            raise self._loss
 
     def complete(self, result: str = "") -> None:
-        """Complete the job under this lease (refused if it was lost)."""
+        """Complete the job under this lease (refused if it was lost).
+
+        Never races a renewal: both take the same lock.
+
+        Raises:
+            LeaseLostError: lost before or during the completion (see ``Lease.complete``).
+            UnavailableError: no answer; the lease is still held until its deadline, and
+                retrying is safe.
+        """
         self.check()
         with self._write_lock:
             self.check()
@@ -121,7 +169,7 @@ class Holding:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self._stop_threads()
-        self._finish(failed=exc is not None or self.failed)
+        self._finish(failed=exc is not None or self._failed)
 
     def _start(self) -> None:
         for thread in self._threads:
@@ -135,7 +183,7 @@ class Holding:
             thread.join()
 
     def _finish(self, failed: bool) -> None:
-        if self.completed or self.error is not None:
+        if self.completed or self._loss is not None:
             return
         with contextlib.suppress(LeaseError, ApiError):
             self._release_on_exit(failed)
@@ -153,13 +201,13 @@ class Holding:
             self._lose(RenewalStoppedError(self.lease.name, f"renewal of {self.lease.name!r} "
                                            f"stopped by an unexpected error: {err!r}"))
             return
-        if not self._stop.is_set() and self.error is None:
+        if not self._stop.is_set() and self._loss is None:
             self._lose(RenewalStoppedError(self.lease.name,
                                            f"renewal of {self.lease.name!r} ended unexpectedly"))
 
     def _watchdog(self) -> None:
         with self._moved:
-            while not self._stop.is_set() and self.error is None:
+            while not self._stop.is_set() and self._loss is None:
                 left = self.remaining()
                 if left <= 0:
                     break
@@ -170,7 +218,7 @@ class Holding:
     def _renew_loop(self) -> None:
         delay = self._interval
         while not self._stop.wait(max(0.0, min(delay, self.remaining()))):
-            if self.error is not None:
+            if self._loss is not None:
                 return
             if self.remaining() <= 0:
                 self._lose(self._expired())
@@ -201,11 +249,11 @@ class Holding:
 
     def _lose(self, err: LeaseLostError) -> None:
         with self._lose_lock:
-            if self.error is not None:
+            if self._loss is not None:
                 return
-            self.error = err
-            if self.lease.lost is None:
-                self.lease.lost = err
+            self._loss = err
+            if self.lease.loss is None:
+                self.lease.loss = err
         self.lost.set()
         with self._moved:
             self._moved.notify_all()
@@ -238,11 +286,11 @@ class AsyncHolding(Holding):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> bool:
         await asyncio.to_thread(self._stop_threads)
-        if self.error is not None and isinstance(exc, asyncio.CancelledError):
+        if self._loss is not None and isinstance(exc, asyncio.CancelledError):
             if self._task is not None:
                 self._task.uncancel()
-            raise self.error from exc
-        await asyncio.to_thread(self._finish, exc is not None or self.failed)
+            raise self._loss from exc
+        await asyncio.to_thread(self._finish, exc is not None or self._failed)
         return False
 
     async def complete_async(self, result: str = "") -> None:
