@@ -1,0 +1,201 @@
+"""The SDK surface a Python user relies on (issue 16, item 3).
+
+One root exception over everything joblease raises on purpose, a client that closes what
+it opened, calibration that happens where the docs say (never inside ``margin()``), and one
+answer to "is this hold lost, and why". Pure: the in-memory API server of
+``support.fakekube`` stands in for HTTP.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+import joblease
+from joblease.domain.errors import JobleaseError, LeaseError, StaleLeaseError
+from joblease.domain.token import FencingToken
+from joblease.downward import DownwardFormatError
+from joblease.fencing.errors import FencingError, StaleTokenError
+from joblease.kube.api import ApiError, UnavailableError
+from joblease.kube.transact import ContentionError
+from joblease.sdk import Holding, LeaseClient
+from support.fakekube import T_NOW, FakeKubeApi, lease_object
+
+
+class CountingApi(FakeKubeApi):
+    """The fake API server, counting what the client asks of it beyond requests."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calibrations = 0
+        self.closes = 0
+
+    def calibrate(self, *args: Any, **kwargs: Any) -> float:
+        self.calibrations += 1
+        return 0.0
+
+    def close(self) -> None:
+        self.closes += 1
+
+
+def counting_client(calibrate: bool = True, duration: int = 300
+                    ) -> tuple[CountingApi, LeaseClient]:
+    api = CountingApi()
+    api.put_object(lease_object("job", {"phase": "Available"}, leaseDurationSeconds=duration))
+    return api, LeaseClient("ns", api=api, calibrate=calibrate)  # type: ignore[arg-type]
+
+
+# -- one root exception ---------------------------------------------------------------------
+
+def _joblease_exceptions() -> list[type[BaseException]]:
+    """Every exception class defined in any module of the ``joblease`` package."""
+    found: list[type[BaseException]] = []
+    for info in pkgutil.walk_packages(joblease.__path__, "joblease."):
+        if info.name == "joblease.__main__":
+            continue  # runs the operator on import
+        module = importlib.import_module(info.name)
+        for _, obj in inspect.getmembers(module, inspect.isclass):
+            if issubclass(obj, BaseException) and obj.__module__ == info.name:
+                found.append(obj)
+    return found
+
+
+def test_every_exception_joblease_defines_is_a_joblease_error() -> None:
+    classes = _joblease_exceptions()
+    # the walk really saw the four families (a broken walk must not pass vacuously)
+    assert {LeaseError, ApiError, FencingError, DownwardFormatError} <= set(classes)
+    outside = [f"{c.__module__}.{c.__qualname__}" for c in classes
+               if not issubclass(c, JobleaseError)]
+    assert outside == [], "add JobleaseError to their bases (docs/sdk.md, Errors)"
+
+
+def test_existing_subclass_relations_are_kept() -> None:
+    assert issubclass(DownwardFormatError, ValueError)  # callers caught it as one
+    assert issubclass(ContentionError, UnavailableError)  # retried like an outage
+    assert issubclass(StaleTokenError, FencingError)
+    err = StaleTokenError("r", FencingToken(1, 1), FencingToken(1, 2))
+    assert isinstance(err, JobleaseError)
+
+
+def test_the_api_errors_are_exported_from_the_package() -> None:
+    for name in ("JobleaseError", "ApiError", "ConflictError", "NotFoundError", "InvalidError",
+                 "ForbiddenError", "UnavailableError", "ContentionError", "LeaseGoneError"):
+        assert name in joblease.__all__
+        assert issubclass(getattr(joblease, name), JobleaseError)
+    assert all(hasattr(joblease, name) for name in joblease.__all__)
+
+
+# -- a closeable client ---------------------------------------------------------------------
+
+def test_a_client_closes_the_api_it_built_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    built = CountingApi()
+    monkeypatch.setattr("joblease.sdk.client.KubeApi.from_kubeconfig",
+                        lambda *args: built)
+    with LeaseClient("ns", calibrate=False) as client:
+        assert client.api is built
+    assert built.closes == 1
+    client.close()  # idempotent
+    assert built.closes == 1
+
+
+def test_a_client_leaves_an_api_passed_in_open() -> None:
+    api, client = counting_client()
+    with client:
+        pass
+    client.close()
+    assert api.closes == 0  # its owner shares it with other clients
+
+
+# -- calibration where the docs say, never inside margin() ----------------------------------
+
+def test_margin_never_calibrates() -> None:
+    api, client = counting_client(calibrate=True)
+    assert client.margin() == client.base_margin + api.server_now().error
+    client.margin()
+    assert api.calibrations == 0
+
+
+def test_the_first_claim_calibrates_once_when_asked_to() -> None:
+    api, client = counting_client(calibrate=True)
+    lease = client.claim("job", "a")
+    assert api.calibrations == 1
+    lease.release()
+    client.claim("job", "a")
+    assert api.calibrations == 1
+
+
+def test_the_first_resume_calibrates_too() -> None:
+    api, client = counting_client(calibrate=True)
+    token = client.claim("job", "a").token
+    other = LeaseClient("ns", api=api)  # type: ignore[arg-type]
+    assert other.resume("job", "a", token).valid()
+    assert api.calibrations == 2  # one per client that was built with calibrate=True
+
+
+def test_an_explicit_calibration_replaces_the_lazy_one() -> None:
+    api, client = counting_client(calibrate=True)
+    assert client.calibrate() == api.server_now().error
+    client.claim("job", "a")
+    assert api.calibrations == 1
+
+
+def test_calibrate_false_never_calibrates_by_itself() -> None:
+    api, client = counting_client(calibrate=False)
+    client.claim("job", "a").release()
+    client.resume("job", "a", FencingToken(100, 1))
+    assert api.calibrations == 0
+
+
+# -- one answer to "is this hold lost, and why" ---------------------------------------------
+
+def test_a_holding_reports_its_token_precisely_and_no_loss_while_held() -> None:
+    _, client = counting_client(calibrate=False)
+    lease = client.claim("job", "a")
+    with Holding(lease) as holding:
+        assert isinstance(holding.token, FencingToken) and holding.token == lease.token
+        assert holding.loss is None and not holding.lost.is_set()
+        holding.check()
+        holding.complete("ok")
+
+
+def test_a_loss_met_outside_the_holding_is_adopted_with_its_reason() -> None:
+    api, client = counting_client(calibrate=False)
+    lease = client.claim("job", "a")
+    with Holding(lease) as holding:
+        api.now = api.now.__class__.exact(T_NOW + timedelta(seconds=301))
+        client.claim("job", "b")
+        with pytest.raises(StaleLeaseError) as met:
+            lease.renew()  # the lease's own operation, not the holding's renewer
+        with pytest.raises(StaleLeaseError) as seen:
+            holding.check()
+        assert seen.value is met.value  # the reason, not a generic "expired"
+        assert holding.loss is met.value and lease.loss is met.value
+        assert holding.lost.is_set()
+
+
+def test_loss_is_read_only() -> None:
+    _, client = counting_client(calibrate=False)
+    holding = Holding(client.claim("job", "a"))
+    with pytest.raises(AttributeError):
+        holding.loss = None  # type: ignore[misc]
+
+
+def _attempts(api: FakeKubeApi) -> int:
+    stored = api.stored("ns", "job")
+    assert stored is not None
+    return int(stored["status"].get("attempts", 0))
+
+
+def test_fail_releases_as_failed_on_exit() -> None:
+    api, client = counting_client(calibrate=False)
+    with Holding(client.claim("job", "a")) as holding:
+        holding.fail()
+    assert _attempts(api) == 1
+    with Holding(client.claim("job", "a")):
+        pass
+    assert _attempts(api) == 1  # a plain exit releases without counting an attempt
