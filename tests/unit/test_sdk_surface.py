@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 import joblease
-from joblease.domain.errors import JobleaseError, LeaseError, StaleLeaseError
+from joblease.domain.clock import ServerNow
+from joblease.domain.errors import JobleaseError, LeaseError, LeaseExpiredError, StaleLeaseError
 from joblease.domain.token import FencingToken
 from joblease.downward import DownwardFormatError
 from joblease.fencing.errors import FencingError, StaleTokenError
@@ -199,3 +200,41 @@ def test_fail_releases_as_failed_on_exit() -> None:
     with Holding(client.claim("job", "a")):
         pass
     assert _attempts(api) == 1  # a plain exit releases without counting an attempt
+
+
+# -- a lease resumed or renewed too late says why, from the server's current claim ----------
+
+def _patches(api: FakeKubeApi) -> int:
+    return sum(1 for method, _ in api.requests if method == "PATCH")
+
+
+def test_a_renewal_past_the_deadline_names_the_newer_claim_and_writes_nothing() -> None:
+    api, client = counting_client(calibrate=False, duration=10)
+    a = client.claim("job", "a")
+    api.now = ServerNow.exact(T_NOW + timedelta(seconds=11))
+    client.claim("job", "b")
+    api._monotonic = 100.0  # "a" was paused well past its local deadline
+    writes = _patches(api)
+    with pytest.raises(StaleLeaseError) as err:
+        a.renew()
+    assert (err.value.current_holder, err.value.current_generation) == ("b", 2)
+    assert a.loss is err.value and _patches(api) == writes
+
+
+def test_a_renewal_past_the_deadline_is_refused_even_if_the_server_would_allow_it() -> None:
+    api, client = counting_client(calibrate=False, duration=10)
+    a = client.claim("job", "a")
+    api._monotonic = 100.0  # the server's clock (fixed here) still says the lease runs
+    writes = _patches(api)
+    with pytest.raises(LeaseExpiredError):
+        a.renew()
+    assert _patches(api) == writes  # the holder stopped at its deadline: no write after it
+
+
+def test_a_resumed_stale_token_is_told_the_current_claim() -> None:
+    _, client = counting_client(calibrate=False)
+    token = client.claim("job", "a").token
+    stale = client.resume("job", "a", FencingToken(token.epoch, 0))
+    assert not stale.valid()
+    with pytest.raises(StaleLeaseError, match="current generation is 1"):
+        stale.renew()

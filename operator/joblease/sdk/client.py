@@ -39,7 +39,7 @@ from joblease.domain.lease import (
     decide_renew,
 )
 from joblease.domain.token import FencingToken
-from joblease.kube.api import KubeApi, UnavailableError
+from joblease.kube.api import ApiError, KubeApi, UnavailableError
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import Outcome, transact
 
@@ -348,7 +348,8 @@ class Lease:
         """Extend the lease (one conditional write from the last known version).
 
         No request waits past the local deadline: a hung API server ends in
-        ``UnavailableError`` by then, never in a renewal that blocks beyond it.
+        ``UnavailableError`` by then, never in a renewal that blocks beyond it. Past the
+        deadline nothing is written; one read names the reason (a newer claim or expiry).
 
         Raises:
             StaleLeaseError: someone else claimed it (names the current holder and token).
@@ -357,14 +358,39 @@ class Lease:
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
         if self.loss is None and self.remaining() <= 0:
-            # Past the local deadline the lease may already belong to someone else: asking
-            # the server could only confirm that, never undo it.
-            self.loss = LeaseExpiredError(self.name, self.holder, self.generation,
-                                          self.lease_until)
+            # Past the local deadline the lease may already belong to someone else: nothing
+            # is written, a read only names why (a newer claim, or expiry).
+            self.loss = self._refusal_past_deadline()
         if self.loss is not None:
             raise self.loss
         claim = self.claim
         self._do(lambda obs, now, m: decide_renew(obs, claim, now, m), until_deadline=True)
+
+    def _refusal_past_deadline(self) -> LeaseLostError:
+        """Why a renewal past the local deadline is refused, decided from a fresh read.
+
+        Like every other refusal it names the server's current claim: ``StaleLeaseError``
+        with the current holder and token when another claim is current (a stale token
+        given to ``resume``, or a takeover after a pause), ``LeaseExpiredError`` otherwise.
+        The decision is only read, never written: even if the estimate now allows a
+        renewal, this holder already stopped at its deadline. If the read fails, expiry is
+        what the holder knows.
+        """
+        expired = LeaseExpiredError(self.name, self.holder, self.generation, self.lease_until)
+        try:
+            obs = self._client.get(self.name)
+            if obs.uid != self.uid:
+                return LeaseGoneError(self.name, self.namespace,
+                                      f"re-created (uid {self.uid} is now {obs.uid})")
+            decide_renew(obs, self.claim, self._client.api.server_now(),
+                         self._client.margin())
+        except LeaseNotFoundError:
+            return LeaseGoneError(self.name, self.namespace, "deleted")
+        except LeaseLostError as err:
+            return err
+        except ApiError:
+            return expired
+        return expired
 
     def complete(self, result: str = "") -> None:
         """Record the job as done under this claim; the lease is never claimed again.
