@@ -13,11 +13,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from sim.model import ModelError, ModelServer
-
 from joblease.kube.api import InvalidError
 from joblease.kube.leases import lease_path
 from joblease.sdk.client import LeaseClient
+from sim.model import ModelError, ModelServer
 
 MERGE = "application/merge-patch+json"
 WRITES_PER_OBJECT = 60
