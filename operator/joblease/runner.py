@@ -66,8 +66,12 @@ class _StopChildOnLoss(Holding):
     def on_lost(self) -> None:
         with self._child_lock:
             child = self.child
-        if child is None or child.poll() is not None:
+        if child is None:
             return  # not started yet: run_under_lease checks the loss before starting it
+        if child.poll() is not None:
+            print(f"joblease run: lease {self.lease.name!r} lost ({self.error}); the command "
+                  f"had already ended ({child.returncode})", file=sys.stderr, flush=True)
+            return
         print(f"joblease run: lease {self.lease.name!r} lost ({self.error}); stopping the "
               f"command (pid {child.pid})", file=sys.stderr, flush=True)
         _signal_group(child, signal.SIGTERM)
@@ -204,6 +208,8 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
             if holding.sentinel is not None:
                 holding.sentinel.done()
         holding.failed = code != 0
+        with contextlib.suppress(LeaseError):
+            holding.check()  # a deadline that passed while we waited is a loss, not a success
         if holding.error is None and code == 0:
             try:
                 holding.complete(f"exit 0: {' '.join(command)[:200]}")

@@ -256,7 +256,7 @@ class Lease:
             LeaseGoneError: the JobLease was deleted or re-created.
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
-        if self.lost is None and self.remaining() <= 0:
+        if self.lost is None and self._held and self.remaining() <= 0:
             # Past the local deadline the lease may already belong to someone else: asking
             # the server could only confirm that, never undo it.
             self.lost = LeaseExpiredError(self.name, self.holder, self.generation,
@@ -294,7 +294,8 @@ class Lease:
         try:
             outcome = transact(self._client.store, self.namespace, self.name, decide_ours,
                                observed=self._observed,
-                               deadline=self.deadline if until_deadline else None)
+                               deadline=self.deadline if until_deadline and self._held
+                               else None)
         except LeaseNotFoundError as err:
             self.lost = LeaseGoneError(self.name, self.namespace, "deleted")
             raise self.lost from err
@@ -313,13 +314,15 @@ class Lease:
                             and status.holder == self.holder
                             and self.claim_id in (None, status.claim_id)):
             self.lease_until, self.deadline = status.lease_until, self._client.api.monotonic()
-            return  # not current: every operation will say why (StaleLeaseError)
+            self._held = False
+            return  # not current: every operation asks the server, which says why
         if status.token() != self.token or obs.uid != self.uid:
             # Unreachable through the decisions above; a guard, not a path: a held lease
             # must never turn into a token it did not claim (issue 14, item 1).
             raise LeaseGoneError(self.name, self.namespace,
                                  f"the server returned token {status.token()} for a lease "
                                  f"held as {self.token}")
+        self._held = True
         self.lease_until = status.lease_until
         if status.lease_until is not None and status.phase is Phase.HELD:
             margin = self._client.base_margin + self._client.api.server_now().error
