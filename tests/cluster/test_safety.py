@@ -75,7 +75,7 @@ def test_shared_identity_same_incarnation_tells_claims_apart_by_claim_id(
     second = b.wait_claim("job", holder="replicas", timeout=10)
     assert second.token.generation == 2
     with pytest.raises(LeaseLostError):
-        first.renew()  # past its deadline: lost without asking
+        first.renew()  # past its deadline, refused by the server
     stale = a.resume("job", "replicas", first.token)
     with pytest.raises(LeaseLostError, match="current generation is 2"):
         stale.complete("late")

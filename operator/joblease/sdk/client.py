@@ -18,7 +18,6 @@ from datetime import datetime, timedelta
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
-    LeaseExpiredError,
     LeaseFinishedError,
     LeaseGoneError,
     LeaseHeldError,
@@ -256,15 +255,11 @@ class Lease:
             LeaseGoneError: the JobLease was deleted or re-created.
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
-        if self.lost is None and self._held and self.remaining() <= 0:
-            # Past the local deadline the lease may already belong to someone else: asking
-            # the server could only confirm that, never undo it.
-            self.lost = LeaseExpiredError(self.name, self.holder, self.generation,
-                                          self.lease_until)
-        if self.lost is not None:
-            raise self.lost
         claim = self.claim
-        self._do(lambda obs, now, m: decide_renew(obs, claim, now, m), until_deadline=True)
+        # Bounded by the deadline while there is one to keep; past it, the server's answer
+        # (who holds it now) is worth the wait, and the lease is lost either way.
+        self._do(lambda obs, now, m: decide_renew(obs, claim, now, m),
+                 until_deadline=self.remaining() > 0)
 
     def complete(self, result: str = "") -> None:
         """Record the job as done under this claim; the lease is never claimed again.
