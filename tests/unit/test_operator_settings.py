@@ -132,6 +132,16 @@ def test_a_flag_and_its_variable_must_agree() -> None:
                  {"JOBLEASE_MARGIN_SECONDS": "0.50"}).margin_seconds == 0.5
 
 
+def test_a_flag_given_twice_with_different_values_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse would keep the last one; a chart value plus an extra argument must not."""
+    with pytest.raises(SystemExit) as exited:
+        parse(["--writers=4", "--writers=8"])
+    assert exited.value.code == 2
+    assert "argument --writers: given twice: '4', then '8'" in capsys.readouterr().err
+    assert parse(["--writers=4", "--writers=4"]).writers == 4
+
+
 def test_unrelated_and_empty_variables_are_not_settings() -> None:
     env = {"JOBLEASE_STEP_SECONDS": "1", "JOBLEASE_NAME": "x", "JOBLEASE_TOKEN": "1/2",
            "JOBLEASE_MARGIN_SECONDS": "", "JOBLEASE_OPERATOR_WRITERS": "  "}

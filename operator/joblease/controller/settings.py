@@ -299,11 +299,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     and a flag left out (``None``) can fall back to the variable.
     """
     for setting in SETTINGS:
-        parser.add_argument(setting.flag, dest=setting.field, default=None,
+        parser.add_argument(setting.flag, dest=setting.field, default=None, action=_Once,
                             metavar=setting.metavar, help=setting.help)
     parser.add_argument("--namespace", action="append", default=[],
                         help="watch only this namespace (repeatable; default: all)")
     parser.add_argument("--verbose", action="store_true", help="the same as --log-level=DEBUG")
+
+
+class _Once(argparse.Action):
+    """Store a flag's value, refusing a second, different one (argparse keeps the last).
+
+    Why: ``--writers=4 … --writers=8`` (a chart value plus an extra argument) would
+    otherwise mean 8 without a word.
+    """
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        previous = getattr(namespace, self.dest, None)
+        if previous is not None and previous != values:
+            raise argparse.ArgumentError(self, f"given twice: {previous!r}, then {values!r}")
+        setattr(namespace, self.dest, values)
 
 
 def _parse(setting: _Setting, source: str, raw: str) -> Any:
