@@ -270,3 +270,17 @@ def test_start_uses_the_settings_and_stop_releases_only_its_own_metrics() -> Non
         assert metrics.OVERDUE._leases is None and apis[1].closed
 
     asyncio.run(scenario())
+
+
+def test_the_charts_defaults_are_the_operators_defaults() -> None:
+    """An install without values must run the operator exactly as documented."""
+    import yaml
+
+    values = yaml.safe_load((Path(__file__).resolve().parents[2] / "charts" /
+                             "joblease-operator" / "values.yaml").read_text())["operator"]
+    defaults = OperatorSettings()
+    assert values == {
+        "marginSeconds": defaults.margin_seconds, "writers": defaults.writers,
+        "maxServerSkewSeconds": defaults.max_server_skew,
+        "clockTrackTTLSeconds": defaults.clock_track_ttl,
+        "watchNamespaces": list(defaults.namespaces), "logLevel": defaults.log_level}
