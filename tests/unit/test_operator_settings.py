@@ -284,3 +284,23 @@ def test_the_charts_defaults_are_the_operators_defaults() -> None:
         "maxServerSkewSeconds": defaults.max_server_skew,
         "clockTrackTTLSeconds": defaults.clock_track_ttl,
         "watchNamespaces": list(defaults.namespaces), "logLevel": defaults.log_level}
+
+
+def test_the_api_clock_comes_from_the_settings_not_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from joblease.controller import runtime
+
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'http://127.0.0.1:9'}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n")
+    monkeypatch.setenv("JOBLEASE_MAX_SERVER_SKEW", "9")  # what KubeApi alone would use
+    api = runtime._api_from_settings(OperatorSettings(max_server_skew=2.5, clock_track_ttl=5,
+                                                      kubeconfig=str(kubeconfig)))
+    try:
+        assert (api.clock.max_skew, api.clock.track_ttl) == (2.5, 5.0)
+        assert api.host == "http://127.0.0.1:9" and not api.clock.known
+    finally:
+        api.close()

@@ -149,7 +149,11 @@ def kopf_settings() -> kopf.OperatorSettings:
 
 
 def _api_from_settings(settings: OperatorSettings) -> KubeApi:
-    return KubeApi.from_kubeconfig(settings.kubeconfig, clock=settings.server_clock())
+    api = KubeApi.from_kubeconfig(settings.kubeconfig)
+    # The estimate is configured from the settings, not from the environment: the clock is
+    # replaced before the first request, so nothing has been observed on the old one.
+    api.clock = settings.server_clock()
+    return api
 
 
 async def _loop(pass_once: Callable[[], float],

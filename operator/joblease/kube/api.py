@@ -130,13 +130,8 @@ class KubeApi:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None = None, context: str | None = None, *,
-                        clock: ServerClock | None = None) -> KubeApi:
-        """Build from a kubeconfig file (``$KUBECONFIG`` by default) or, in a pod, in-cluster.
-
-        ``clock`` is the operator's, built from its validated settings; without it the
-        estimate is configured from the environment (:func:`clock_from_env`).
-        """
+    def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> KubeApi:
+        """Build from a kubeconfig file (``$KUBECONFIG`` by default) or, in a pod, in-cluster."""
         configuration = k8s_client.Configuration()
         try:
             k8s_config.load_kube_config(config_file=path, context=context,
@@ -146,7 +141,7 @@ class KubeApi:
                 raise
             k8s_config.load_incluster_config(client_configuration=configuration)
         configuration.retries = False  # we decide what to retry: a 409 is never retried blindly
-        return cls(k8s_client.ApiClient(configuration), clock)
+        return cls(k8s_client.ApiClient(configuration))
 
     @property
     def host(self) -> str:
