@@ -53,6 +53,10 @@ def on_pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
 def build_registry() -> kopf.OperatorRegistry:
     """A fresh kopf registry holding exactly this module's handlers."""
     registry = kopf.OperatorRegistry()
+    # kopf's default registry adds its login handlers by itself; a registry of our own must
+    # name one. The official client's: kubeconfig, in-cluster token, exec plugins (the same
+    # loaders ``joblease.kube.api`` uses).
+    kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(start)
     kopf.on.cleanup(registry=registry)(stop)
     kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(on_lease_event)
