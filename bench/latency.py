@@ -44,7 +44,8 @@ def run(kubeconfig: str, namespace: str, iterations: int, results: Path) -> dict
         nonlocal floor_obs
         now = api.server_now().midpoint
         status = LeaseStatus(phase=Phase.HELD, holder="bench-floor",
-                             generation=floor_obs.status.generation + 1, acquire_time=now,
+                             generation=floor_obs.status.generation + 1, epoch=1,
+                             acquire_time=now,
                              renew_time=now, lease_until=now + timedelta(seconds=30))
         patch = {"metadata": {"resourceVersion": floor_obs.resource_version},
                  "status": status.to_dict()}

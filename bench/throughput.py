@@ -83,7 +83,8 @@ def run(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, A
             for _ in range(per[i]):
                 now = api.server_now().midpoint
                 status = LeaseStatus(phase=Phase.HELD, holder=f"w{i}",
-                                     generation=obs.status.generation + 1, acquire_time=now,
+                                     generation=obs.status.generation + 1, epoch=1,
+                                     acquire_time=now,
                                      renew_time=now, lease_until=now + timedelta(seconds=30))
                 patch = {"metadata": {"resourceVersion": obs.resource_version},
                          "status": status.to_dict()}

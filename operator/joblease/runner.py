@@ -66,8 +66,12 @@ class _StopChildOnLoss(Holding):
     def on_lost(self) -> None:
         with self._child_lock:
             child = self.child
-        if child is None or child.poll() is not None:
+        if child is None:
             return  # not started yet: run_under_lease checks the loss before starting it
+        if child.poll() is not None:
+            print(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); the command "
+                  f"had already ended ({child.returncode})", file=sys.stderr, flush=True)
+            return
         print(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); stopping the "
               f"command (pid {child.pid})", file=sys.stderr, flush=True)
         _signal_group(child, signal.SIGTERM)
@@ -205,6 +209,8 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
                 holding.sentinel.done()
         if code != 0:
             holding.fail()  # released as failed on exit: an attempt is counted
+        with contextlib.suppress(LeaseError):
+            holding.check()  # a deadline that passed while we waited is a loss, not a success
         if holding.loss is None and code == 0:
             try:
                 holding.complete(f"exit 0: {' '.join(command)[:200]}")

@@ -208,3 +208,82 @@ def test_notes_warn_when_rules_come_without_the_service_monitor() -> None:
     assert 'scrape job to be named\n   "joblease-operator"' in notes("prometheusRule.enabled=true")
     assert "scrape job to be named" not in notes("prometheusRule.enabled=true",
                                                  "serviceMonitor.enabled=true")
+
+
+# -- the operator's settings (operator.* values → flags; docs/protocol.md) ------------------
+
+def operator_args(*sets: str) -> list[str]:
+    deploy = render(*sets)["Deployment/jl-joblease-operator"]
+    args: list[str] = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_every_operator_setting_reaches_the_container_as_its_flag() -> None:
+    defaults = operator_args()
+    for flag in ("--margin-seconds=0.25", "--writers=4", "--max-server-skew=0",
+                 "--clock-track-ttl=60", "--log-level=INFO"):
+        assert flag in defaults, defaults
+    assert not [a for a in defaults if a.startswith("--namespace")]  # cluster-wide
+    custom = operator_args("operator.marginSeconds=0.5", "operator.writers=8",
+                           "operator.maxServerSkewSeconds=2.5",
+                           "operator.clockTrackTTLSeconds=90", "operator.logLevel=DEBUG",
+                           "operator.watchNamespaces={team-a,team-b}")
+    for flag in ("--margin-seconds=0.5", "--writers=8", "--max-server-skew=2.5",
+                 "--clock-track-ttl=90", "--log-level=DEBUG", "--namespace=team-a",
+                 "--namespace=team-b"):
+        assert flag in custom, custom
+
+
+def test_the_rendered_flags_are_accepted_by_the_operators_own_parser() -> None:
+    """What the chart renders must parse to the values given (and not be refused at start)."""
+    import argparse
+
+    from joblease.controller.settings import OperatorSettings, add_arguments
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = operator_args("operator.marginSeconds=0.5", "operator.writers=8",
+                         "operator.maxServerSkewSeconds=2.5", "operator.clockTrackTTLSeconds=0",
+                         "operator.logLevel=WARNING", "operator.watchNamespaces={team-a}")
+    settings = OperatorSettings.from_args(parser.parse_args(args), {})
+    assert (settings.margin_seconds, settings.writers, settings.max_server_skew,
+            settings.clock_track_ttl, settings.log_level, settings.namespaces) == (
+        0.5, 8, 2.5, 0.0, "WARNING", ("team-a",))
+    assert settings.metrics_addr == "0.0.0.0" and settings.health_addr == "0.0.0.0:8081"
+
+
+def test_bad_operator_settings_are_refused_by_the_schema() -> None:
+    for value, where in [("operator.marginSeconds=-1", "/operator/marginSeconds"),
+                         ("operator.marginSeconds=0.5s", "/operator/marginSeconds"),
+                         ("operator.maxServerSkewSeconds=-2", "/operator/maxServerSkewSeconds"),
+                         ("operator.clockTrackTTLSeconds=a", "/operator/clockTrackTTLSeconds"),
+                         ("operator.writers=0", "/operator/writers"),
+                         ("operator.writers=65", "/operator/writers"),
+                         ("operator.logLevel=verbose", "/operator/logLevel"),
+                         ("operator.watchNamespaces={Team-A}", "/operator/watchNamespaces/0"),
+                         ("operator.margin=1", "additional properties 'margin' not allowed")]:
+        out = helm(None, "template", "jl", str(CHART), "--set", value, check=False)
+        assert out.returncode != 0 and where in out.stderr, (value, out.stderr)
+    lint = helm(None, "lint", str(CHART), "--strict", "--set", "operator.marginSeconds=-1",
+                check=False)
+    assert lint.returncode != 0 and "/operator/marginSeconds" in lint.stdout + lint.stderr
+
+
+def test_extra_args_or_env_that_would_override_a_setting_are_refused() -> None:
+    """Both would reach the operator, and one would win silently (or it would not start)."""
+    for sets, message in [
+        (["extraEnv[0].name=JOBLEASE_MARGIN_SECONDS", "extraEnv[0].value=0.5"],
+         "extraEnv sets JOBLEASE_MARGIN_SECONDS, which the chart sets from "
+         "operator.marginSeconds"),
+        (["extraArgs[0]=--writers=8"], "extraArgs has --writers, which the chart sets from "
+                                       "operator.writers"),
+        (["extraArgs[0]=--verbose"], "extraArgs has --verbose, which the chart sets from "
+                                     "operator.logLevel"),
+        (["extraArgs[0]=--namespace", "extraArgs[1]=team-a"],
+         "extraArgs has --namespace, which the chart sets from operator.watchNamespaces"),
+    ]:
+        out = helm(None, "template", "jl", str(CHART),
+                   *[a for s in sets for a in ("--set", s)], check=False)
+        assert out.returncode != 0 and message in out.stderr, (sets, out.stderr)
+    env = render("extraEnv[0].name=TZ", "extraEnv[0].value=UTC")[
+        "Deployment/jl-joblease-operator"]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env == [{"name": "TZ", "value": "UTC"}]

@@ -75,7 +75,7 @@ def test_shared_identity_same_incarnation_tells_claims_apart_by_claim_id(
     second = b.wait_claim("job", holder="replicas", timeout=10)
     assert second.token.generation == 2
     with pytest.raises(LeaseLostError):
-        first.renew()  # past its deadline: lost without asking
+        first.renew()  # past its deadline, refused by the server
     stale = a.resume("job", "replicas", first.token)
     with pytest.raises(LeaseLostError, match="current generation is 2"):
         stale.complete("late")
@@ -101,7 +101,7 @@ def test_the_api_server_refuses_out_of_range_lease_ends(leases: LeaseClient, unt
 def test_lowercase_timestamps_are_refused_by_the_crds_rules(leases: LeaseClient) -> None:
     """RFC 3339 allows ``t``/``z``; the schema's date-time format accepts them, but the CEL
     rules that bound the time fields cannot parse them, so the server refuses the write
-    (and the code tolerates them anyway: tests/unit/test_safety.py)."""
+    (and the code tolerates them anyway: tests/unit/test_safety_pure.py)."""
     leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 30})
     leases.claim("job", holder="h")
     with pytest.raises(InvalidError, match="date-time"):

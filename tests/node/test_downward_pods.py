@@ -23,7 +23,11 @@ from support.operator_process import OperatorProcess
 from support.waiting import wait_for
 
 TAKEOVERS = int(os.environ.get("JOBLEASE_NODE_TAKEOVERS", "20"))
-LAG_LIMIT = 5.0
+# The kubelet rewrites a downward API volume when it syncs the pod (on the pod's update
+# event, else every sync period): observed here p50 0.1 s, and once 7.7 s with the 2 CPUs
+# shared by the whole suite and other work. The bound is the kubelet's, not ours; what this
+# test proves is that the *file* follows every takeover while the env var does not.
+LAG_LIMIT = 15.0
 
 
 @pytest.fixture

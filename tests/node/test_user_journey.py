@@ -458,14 +458,14 @@ def test_helm_upgrade_rolls_the_pod_and_uninstall_keeps_crd_and_leases(
     values = nc.cluster.dir / "values-upgrade.yaml"
     values.write_text(yaml.safe_dump(_values(
         api_port, rel.health_port, rel.metrics_port,
-        extraEnv=[{"name": "JOBLEASE_MARGIN_SECONDS", "value": "0.5"}])))
+        operator={"marginSeconds": 0.5})))
     began = time.monotonic()
     rel.helm("upgrade", RELEASE, str(CHART), "-n", RELEASE_NS, "-f", str(values))
     wait_for(lambda: (ready := rel.ready_pods()) and not before & {
         p["metadata"]["name"] for p in ready}, READY_TIMEOUT, "a new operator pod Ready")
     rel.figures["helm_upgrade_to_ready_seconds"] = time.monotonic() - began
-    env = rel.ready_pods()[0]["spec"]["containers"][0]["env"]
-    assert {"name": "JOBLEASE_MARGIN_SECONDS", "value": "0.5"} in env
+    args = rel.ready_pods()[0]["spec"]["containers"][0]["args"]
+    assert "--margin-seconds=0.5" in args
     rel.helm("uninstall", RELEASE, "-n", RELEASE_NS, "--wait", "--timeout", "60s")
     wait_for(lambda: not rel.pods(), 60, "the operator pods gone")
     assert nc.kubectl("get", "crd", "jobleases.joblease.dev").returncode == 0

@@ -98,7 +98,7 @@ class ModelServer:
                                   "to the latest version and try again")
         old = obj.get("status") or {}
         new = merge(copy.deepcopy(old), patch.get("status") or {})
-        problem = status_violation(old, new)
+        problem = status_violation(old, new, first="status" not in obj)
         if problem is not None:
             raise ModelError(422, f'JobLease.joblease.dev "{name}" is invalid: {problem}')
         self.revision += 1
@@ -120,13 +120,22 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
-def status_violation(old: dict[str, Any], new: dict[str, Any]) -> str | None:
+def status_violation(old: dict[str, Any], new: dict[str, Any], first: bool = False
+                     ) -> str | None:
     """The first CRD rule ``new`` breaks given ``old`` (``None``: accepted).
 
     One rule per line of the CRD's ``x-kubernetes-validations`` on ``status`` and its
-    time fields, in the same order, with the same meaning.
+    time fields, in the same order, with the same meaning. A first status (``first``) has
+    no old value, so the API server evaluates none of the transition rules on it — only
+    the root rule that bounds what a first status may carry, and the rules on ``self``.
     """
     og, ng = old.get("generation", 0), new.get("generation", 0)
+    if first:
+        if ng > 1:
+            return "a first status may carry at most the first claim (status.generation <= 1)"
+        if ng != 0 and "epoch" not in new:
+            return "a claimed lease needs status.epoch"
+        return _time_violation(new)
     rules: list[tuple[bool, str]] = [
         (ng >= og, "status.generation may never decrease"),
         (ng <= og + 1, "status.generation may rise by at most one per write"),

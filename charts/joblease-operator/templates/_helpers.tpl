@@ -79,3 +79,22 @@ sys.exit(f'heartbeat {age:.1f}s old (max {sys.argv[2]}s)' if age>float(sys.argv[
 {{- $root := index . 0 -}}
 {{- toJson (list "python" "-I" "-c" (include "joblease-operator.heartbeatSource" $root) (include "joblease-operator.heartbeatFile" $root) (toString (index . 1))) }}
 {{- end }}
+
+{{/* Fail when extraArgs or extraEnv set what an `operator.*` value sets: the operator would
+     get both (and refuse to start on a disagreement), so say which value to use instead. */}}
+{{- define "joblease-operator.refuseOverriddenSettings" -}}
+{{- $byFlag := dict "--margin-seconds" "operator.marginSeconds" "--writers" "operator.writers" "--max-server-skew" "operator.maxServerSkewSeconds" "--clock-track-ttl" "operator.clockTrackTTLSeconds" "--namespace" "operator.watchNamespaces" "--log-level" "operator.logLevel" "--verbose" "operator.logLevel (DEBUG)" }}
+{{- range .Values.extraArgs }}
+{{- $flag := regexReplaceAll "=.*$" (toString .) "" }}
+{{- if hasKey $byFlag $flag }}
+{{- fail (printf "extraArgs has %s, which the chart sets from %s: set that value instead" $flag (get $byFlag $flag)) }}
+{{- end }}
+{{- end }}
+{{- $byEnv := dict "JOBLEASE_MARGIN_SECONDS" "operator.marginSeconds" "JOBLEASE_OPERATOR_WRITERS" "operator.writers" "JOBLEASE_MAX_SERVER_SKEW" "operator.maxServerSkewSeconds" "JOBLEASE_CLOCK_TRACK_TTL" "operator.clockTrackTTLSeconds" }}
+{{- range .Values.extraEnv }}
+{{- $name := toString (.name | default "") }}
+{{- if hasKey $byEnv $name }}
+{{- fail (printf "extraEnv sets %s, which the chart sets from %s: set that value instead" $name (get $byEnv $name)) }}
+{{- end }}
+{{- end }}
+{{- end }}

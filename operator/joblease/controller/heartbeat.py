@@ -4,7 +4,7 @@ Why: kopf's liveness endpoint is an HTTP port, and on a node without a pod netwo
 networking) every replica of the Deployment would want the same port on the same host, so
 a second replica can never be scheduled there. With ``--health-file`` the operator instead
 touches a file after every successful reconcile pass (about once a second, see
-``handlers._loop``), and the chart's exec probes check its age with a one-line Python
+``runtime._loop``), and the chart's exec probes check its age with a one-line Python
 command (``PROBE_SOURCE``) that imports nothing of joblease, so a probe costs ~20 ms rather
 than the package's import time.
 

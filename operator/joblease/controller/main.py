@@ -1,47 +1,44 @@
-"""Start the operator: kopf in standalone, cluster-wide mode, plus a metrics endpoint."""
+"""Start the operator: settings from flags and environment, metrics, then kopf.
+
+Standalone (no peering), cluster-wide unless ``--namespace`` is given. Every flag and
+variable is parsed once, here, into an ``OperatorSettings`` (``controller.settings``); a
+bad one stops the process with exit code 2 and a message naming it, before anything runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
+import sys
 
-import kopf
 from prometheus_client import start_http_server
 
-from joblease.controller import handlers  # (importing it registers the handlers)
-from joblease.controller.heartbeat import Heartbeat
+from joblease.controller import settings as settings_module
+from joblease.controller.runtime import Operator
+from joblease.controller.settings import OperatorSettings, SettingsError
+
+EXIT_USAGE = 2
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``joblease operator`` / ``python -m joblease``."""
-    parser.add_argument("--metrics-addr", default="127.0.0.1",
-                        help="address for /metrics (0.0.0.0 in a pod)")
-    parser.add_argument("--metrics-port", type=int, default=8080,
-                        help="port for Prometheus /metrics (0 disables)")
-    parser.add_argument("--health-addr", default="127.0.0.1:8081",
-                        help="host:port of the kopf liveness endpoint /healthz "
-                             "('' turns it off)")
-    parser.add_argument("--health-file", type=Path, default=None,
-                        help="touch this file after every reconcile pass, for exec probes "
-                             "(replicas sharing one host network cannot each own a port)")
-    parser.add_argument("--namespace", action="append", default=[],
-                        help="watch only these namespaces (default: all)")
-    parser.add_argument("--verbose", action="store_true")
+    settings_module.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run until interrupted; return the exit code."""
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+    """Run until interrupted; return the exit code (2 for an invalid setting)."""
+    try:
+        settings = OperatorSettings.from_args(args)
+    except SettingsError as err:
+        print(f"joblease operator: invalid setting: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(level=settings.logging_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("kopf", "aiohttp"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.metrics_port:
-        start_http_server(args.metrics_port, addr=args.metrics_addr)
-    handlers.HEARTBEAT = Heartbeat(args.health_file)
-    kopf.run(standalone=True, clusterwide=not args.namespace, namespaces=args.namespace,
-             liveness_endpoint=f"http://{args.health_addr}/healthz" if args.health_addr
-             else None)
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, settings.logging_level))
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, addr=settings.metrics_addr)
+    Operator(settings).run()
     return 0
 
 

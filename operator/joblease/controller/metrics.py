@@ -84,6 +84,15 @@ class OverdueCollector:
         """Start reporting over ``leases()`` (a snapshot of the view) at server time ``now()``."""
         self._leases, self._now = leases, now
 
+    def unwatch(self, leases: Callable[[], list[Observed]]) -> None:
+        """Stop reporting over ``leases`` if it is still the source (an operator run ended).
+
+        Why conditional: two runs in one process share this collector (metrics are
+        per process); a run that stops must not silence the run started after it.
+        """
+        if self._leases == leases:
+            self._leases = self._now = None
+
     def measure(self) -> tuple[int, float]:
         """(Held leases past leaseUntil, seconds the most overdue one is past it)."""
         if self._leases is None or self._now is None:

@@ -502,7 +502,7 @@ def set_condition(conditions: tuple[dict[str, Any], ...], type_: str, status: bo
 # at ``t`` (anything after a second ``t`` is ignored); a date of any year 0000-9999; a time
 # whose fraction may follow any one character and have any length; ``z`` or an offset of
 # two two-digit numbers (``+99:99`` passes).
-_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})")
+_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
 _TIME = re.compile(r"(\d{2}):(\d{2}):(\d{2})(?:.(\d+))?(?:(z)|([+-])(\d{2}):(\d{2}))",
                    re.ASCII | re.DOTALL)
 # Every stored time is clamped into this window, so that adding any duration the protocol

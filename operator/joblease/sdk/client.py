@@ -20,7 +20,6 @@ from types import TracebackType
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
-    LeaseExpiredError,
     LeaseFinishedError,
     LeaseGoneError,
     LeaseHeldError,
@@ -39,7 +38,7 @@ from joblease.domain.lease import (
     decide_renew,
 )
 from joblease.domain.token import FencingToken
-from joblease.kube.api import ApiError, KubeApi, UnavailableError
+from joblease.kube.api import KubeApi, UnavailableError
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import Outcome, transact
 
@@ -306,8 +305,8 @@ class Lease:
         deadline: Local monotonic time after which this holder must stop (see module doc).
         loss: Why the lease was lost: the ``LeaseLostError`` one of its own operations met
             (or a :class:`~joblease.sdk.hold.Holding` over it declared), ``None`` while
-            none has. Once set it never clears; :meth:`renew` then raises it without asking
-            the server.
+            none has. Once set it never clears (later operations still ask the server, so
+            their refusals name the current claim).
     """
 
     def __init__(self, client: LeaseClient, holder: str, claim_id: str | None,
@@ -349,7 +348,8 @@ class Lease:
 
         No request waits past the local deadline: a hung API server ends in
         ``UnavailableError`` by then, never in a renewal that blocks beyond it. Past the
-        deadline nothing is written; one read names the reason (a newer claim or expiry).
+        deadline (or for a resumed claim that is not current) the server is asked without
+        that bound, so the refusal names who holds the lease now.
 
         Raises:
             StaleLeaseError: someone else claimed it (names the current holder and token).
@@ -357,40 +357,11 @@ class Lease:
             LeaseGoneError: the JobLease was deleted or re-created.
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
-        if self.loss is None and self.remaining() <= 0:
-            # Past the local deadline the lease may already belong to someone else: nothing
-            # is written, a read only names why (a newer claim, or expiry).
-            self.loss = self._refusal_past_deadline()
-        if self.loss is not None:
-            raise self.loss
         claim = self.claim
-        self._do(lambda obs, now, m: decide_renew(obs, claim, now, m), until_deadline=True)
-
-    def _refusal_past_deadline(self) -> LeaseLostError:
-        """Why a renewal past the local deadline is refused, decided from a fresh read.
-
-        Like every other refusal it names the server's current claim: ``StaleLeaseError``
-        with the current holder and token when another claim is current (a stale token
-        given to ``resume``, or a takeover after a pause), ``LeaseExpiredError`` otherwise.
-        The decision is only read, never written: even if the estimate now allows a
-        renewal, this holder already stopped at its deadline. If the read fails, expiry is
-        what the holder knows.
-        """
-        expired = LeaseExpiredError(self.name, self.holder, self.generation, self.lease_until)
-        try:
-            obs = self._client.get(self.name)
-            if obs.uid != self.uid:
-                return LeaseGoneError(self.name, self.namespace,
-                                      f"re-created (uid {self.uid} is now {obs.uid})")
-            decide_renew(obs, self.claim, self._client.api.server_now(),
-                         self._client.margin())
-        except LeaseNotFoundError:
-            return LeaseGoneError(self.name, self.namespace, "deleted")
-        except LeaseLostError as err:
-            return err
-        except ApiError:
-            return expired
-        return expired
+        # Bounded by the deadline while there is one to keep; past it, the server's answer
+        # (who holds it now) is worth the wait, and the lease is lost either way.
+        self._do(lambda obs, now, m: decide_renew(obs, claim, now, m),
+                 until_deadline=self.remaining() > 0)
 
     def complete(self, result: str = "") -> None:
         """Record the job as done under this claim; the lease is never claimed again.
@@ -430,7 +401,8 @@ class Lease:
         try:
             outcome = transact(self._client.store, self.namespace, self.name, decide_ours,
                                observed=self._observed,
-                               deadline=self.deadline if until_deadline else None)
+                               deadline=self.deadline if until_deadline and self._held
+                               else None)
         except LeaseNotFoundError as err:
             self.loss = LeaseGoneError(self.name, self.namespace, "deleted")
             raise self.loss from err
@@ -449,13 +421,15 @@ class Lease:
                             and status.holder == self.holder
                             and self.claim_id in (None, status.claim_id)):
             self.lease_until, self.deadline = status.lease_until, self._client.api.monotonic()
-            return  # not current: every operation will say why (StaleLeaseError)
+            self._held = False
+            return  # not current: every operation asks the server, which says why
         if status.token() != self.token or obs.uid != self.uid:
             # Unreachable through the decisions above; a guard, not a path: a held lease
             # must never turn into a token it did not claim (issue 14, item 1).
             raise LeaseGoneError(self.name, self.namespace,
                                  f"the server returned token {status.token()} for a lease "
                                  f"held as {self.token}")
+        self._held = True
         self.lease_until = status.lease_until
         if status.lease_until is not None and status.phase is Phase.HELD:
             margin = self._client.base_margin + self._client.api.server_now().error

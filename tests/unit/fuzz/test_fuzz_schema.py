@@ -203,7 +203,7 @@ def test_one_malformed_lease_never_stops_the_reconciler(obj: dict[str, Any]) -> 
     stored = api.put_object(obj, keep_revision=True)
     try:
         fuzzed: Observed | None = Observed.from_object(stored)
-    except Exception as err:  # the handler raises before VIEW.put: see the parse test
+    except Exception as err:  # the handler stops before view.put: see the parse test
         event(f"unparsable: {type(err).__name__}")
         fuzzed = None
     if fuzzed is not None:
