@@ -139,8 +139,13 @@ def _register_views(sub: Any) -> None:
     completion.set_defaults(func=_cmd_completion)
 
 
-def _client(args: argparse.Namespace, *, calibrate: bool) -> LeaseClient:
+def _client(args: argparse.Namespace, *, calibrate: bool, one_shot: bool = True
+            ) -> LeaseClient:
     """A LeaseClient for one verb; ``calibrate`` says whether it needs a tight clock bound.
+
+    ``one_shot`` verbs (all but ``run``) talk through ``joblease.kube.lite`` when the
+    kubeconfig holds static credentials: importing the ``kubernetes`` package would cost
+    more than the rest of the call. ``run`` holds a lease for long and keeps the full client.
 
     Calibration narrows the server-clock error from about half a second (one ``Date``
     header of one-second resolution) to milliseconds, at the cost of up to a second of
@@ -158,6 +163,10 @@ def _client(args: argparse.Namespace, *, calibrate: bool) -> LeaseClient:
       shorten every renewal period (it is one second, once).
     """
     from joblease.sdk.client import LeaseClient
+    if one_shot:
+        from joblease.kube.lite import connect
+        return LeaseClient(args.namespace, api=connect(args.kubeconfig, args.context),
+                           calibrate=calibrate)
     return LeaseClient(args.namespace, kubeconfig=args.kubeconfig, context=args.context,
                        calibrate=calibrate)
 
@@ -236,7 +245,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("joblease run: no command given (use: joblease run --lease NAME -- CMD ARGS…)",
               file=sys.stderr)
         return EXIT_USAGE
-    client = _client(args, calibrate=True)
+    client = _client(args, calibrate=True, one_shot=False)
     lease = client.wait_claim(args.lease, args.holder, timeout=args.wait,
                               retry_unavailable=max(args.wait, 10.0))
     print(f"joblease run: holding {lease.namespace}/{lease.name} as {lease.holder!r} at "
@@ -319,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(err, EXIT_API)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `joblease ls | head`: the reader left; say nothing more (as kubectl does), and
+        # keep the interpreter from complaining again while it flushes stdout on exit
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
     return code
 
 
