@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import shutil
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -106,3 +108,21 @@ def test_the_light_path_never_imports_the_kubernetes_package(tmp_path: Path) -> 
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_client_certificates_inline_or_relative_files_load(tmp_path: Path) -> None:
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:P-256", "-nodes", "-days", "1", "-subj", "/CN=jl",
+                    "-keyout", str(tmp_path / "key.pem"), "-out", str(tmp_path / "cert.pem")],
+                   check=True, capture_output=True, timeout=60)
+    cert, key = (tmp_path / "cert.pem").read_bytes(), (tmp_path / "key.pem").read_bytes()
+    inline = {"client-certificate-data": base64.b64encode(cert).decode(),
+              "client-key-data": base64.b64encode(key).decode()}
+    files = {"client-certificate": "cert.pem", "client-key": "key.pem"}
+    for user in (inline, files):
+        config = lite.load(str(write_config(tmp_path, user)), environ={})
+        assert config.ssl_context is not None and config.token is None
+    wrong = {"client-certificate": "cert.pem", "client-key": "cert.pem"}  # not a key
+    with pytest.raises(ssl.SSLError):
+        lite.load(str(write_config(tmp_path, wrong)), environ={})

@@ -29,7 +29,6 @@ import http.client
 import json
 import os
 import ssl
-import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -272,6 +271,8 @@ def _ssl_context(*, ca_file: Path | None, ca_data: str | None, insecure: bool,
     if (cert is None) != (key is None):
         raise UnsupportedConfigError("a client certificate without its key (or the reverse)")
     if cert is not None and key is not None:
+        import tempfile  # only here: it costs a few milliseconds of imports (shutil, random)
+
         # ssl loads a certificate chain only from files: write both to a private folder,
         # load them, and remove them at once (the context keeps them in memory)
         with tempfile.TemporaryDirectory(prefix="joblease-") as folder:
