@@ -14,11 +14,17 @@ Rows:
 * ``claim``: a successful claim of a fresh lease each round (one read, one CAS write).
 * ``claim (held, refused)``: a claim that finds the lease held (exit 3).
 
+Bytecode: the product's modules are compiled first (``compileall``), as a wheel install
+does. Without it, under ``PYTHONDONTWRITEBYTECODE=1`` (set in some shells and CI images)
+an editable install recompiles about 14 modules on every call, 35-100 ms of CPU that no
+installed CLI pays.
+
 Targets (this machine): ``get`` ≤ 0.3 s, ``claim`` ≤ 0.5 s (median wall).
 """
 
 from __future__ import annotations
 
+import compileall
 import os
 import random
 import resource
@@ -28,6 +34,7 @@ import sys
 import time
 from typing import Any
 
+import joblease
 from bench.common import create_leases, progress, summary
 from joblease.kube.api import KubeApi
 from joblease.sdk.client import LeaseClient
@@ -50,6 +57,7 @@ def _timed(argv: list[str], env: dict[str, str], ok: tuple[int, ...]) -> tuple[f
 
 
 def run(kubeconfig: str, namespace: str, rounds: int) -> dict[str, Any]:
+    compileall.compile_dir(os.path.dirname(joblease.__file__), quiet=1)
     api = KubeApi.from_kubeconfig(kubeconfig)
     create_leases(api, namespace, ["show", "held"] + [f"fresh-{i}" for i in range(rounds)],
                   duration=600)
