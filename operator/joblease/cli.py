@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         from joblease.controller.main import main as operator_main
         return operator_main(argv[1:])
     args = build_parser().parse_args(argv)
-    if args.func in (_cmd_completion,):
+    if args.func is _cmd_completion:  # needs neither the SDK nor its error classes
         return int(args.func(args))
     from joblease.domain.errors import (
         LeaseError,

@@ -92,6 +92,22 @@ def test_a_bad_ca_is_an_error_not_a_silent_insecure_connection(tmp_path: Path) -
         lite.load(str(write_config(tmp_path, {"token": "t"}, cluster)), environ={})
 
 
+def test_an_unreadable_config_goes_to_the_kubernetes_client(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    path = write_config(tmp_path, {"tokenFile": "missing-token"})
+    seen: list[str | None] = []
+
+    def full(cls: Any, p: str | None = None, c: str | None = None) -> str:
+        seen.append(p)
+        return "full"
+
+    monkeypatch.setattr(KubeApi, "from_kubeconfig", classmethod(full))
+    monkeypatch.delenv(lite.CLIENT_ENV, raising=False)
+    assert lite.connect(str(path)) == "full"  # type: ignore[comparison-overlap]
+    assert seen == [str(path)]
+
+
 def test_refused_connection_is_unavailable(tmp_path: Path) -> None:
     path = write_config(tmp_path, {"token": "t"}, {"server": "http://127.0.0.1:9"})
     api = KubeApi(lite.LiteApiClient(lite.load(str(path), environ={})))

@@ -297,9 +297,14 @@ def _incluster(env: Mapping[str, str]) -> LiteConfig:
 
 
 def connect(path: str | None = None, context: str | None = None) -> KubeApi:
-    """A ``KubeApi`` for a one-shot command: light when the kubeconfig allows, else full."""
+    """A ``KubeApi`` for a one-shot command: light when the kubeconfig allows, else full.
+
+    A configuration the light loader cannot use *or cannot read* (a missing CA or token
+    file, a CA that is not PEM, bad base64) also goes to the ``kubernetes`` client, so such
+    errors surface exactly as they did before this transport existed.
+    """
     try:
         config = load(path, context)
-    except UnsupportedConfigError:
+    except (UnsupportedConfigError, OSError, ValueError):  # ssl.SSLError is an OSError
         return KubeApi.from_kubeconfig(path, context)
     return KubeApi(LiteApiClient(config))
