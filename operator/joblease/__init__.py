@@ -14,6 +14,8 @@ A lease is temporary ownership, not exactly-once: see ``joblease.domain.lease`` 
 and is not guaranteed, and ``joblease.fencing`` for the target-side check.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from joblease.domain.errors import (
     LeaseError,
     LeaseExpiredError,
@@ -26,7 +28,9 @@ from joblease.domain.errors import (
 )
 from joblease.domain.lease import Phase
 from joblease.domain.token import FencingToken
-from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, default_holder
+
+if TYPE_CHECKING:
+    from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, default_holder
 
 __version__ = "0.1.0"
 
@@ -36,3 +40,19 @@ __all__ = [
     "LeaseNotFoundError", "LeaseUnavailableError", "Phase", "StaleLeaseError",
     "default_holder",
 ]
+
+
+_SDK = ("AsyncHolding", "Holding", "Lease", "LeaseClient", "default_holder")
+
+
+def __getattr__(name: str) -> Any:
+    # The SDK loads on first use, not with the package: every `joblease.*` import (the CLI's
+    # included) runs this file first, and the SDK brings asyncio and the HTTP client along
+    # (issue 18, item 5). `joblease.LeaseClient` works exactly as before.
+    if name in _SDK:
+        import joblease.sdk
+
+        value = getattr(joblease.sdk, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,20 @@
 """Worker SDK: claim, renew, complete and release JobLeases; hold one while work runs."""
 
+from typing import TYPE_CHECKING, Any
+
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, default_holder
-from joblease.sdk.hold import AsyncHolding, Holding
+
+if TYPE_CHECKING:
+    from joblease.sdk.hold import AsyncHolding, Holding
 
 __all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient", "default_holder"]
+
+
+def __getattr__(name: str) -> Any:
+    # Holding/AsyncHolding load on first use: they import asyncio (tens of milliseconds),
+    # which one-shot CLI verbs that only claim or read never need (issue 18, item 5).
+    if name in ("AsyncHolding", "Holding"):
+        from joblease.sdk import hold
+
+        return getattr(hold, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
