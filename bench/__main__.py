@@ -25,7 +25,7 @@ from bench.common import RESULTS, create_namespace, loadavg, progress
 from joblease.kube.api import KubeApi
 from joblease_localcluster.cluster import LocalCluster
 
-SECTIONS = ("latency", "contention", "throughput", "handover", "scale")
+SECTIONS = ("latency", "contention", "throughput", "handover", "scale", "cli")
 
 
 @dataclass(frozen=True)
@@ -44,10 +44,11 @@ class Sizes:
     scale_expire_leases: int
     scale_duration: int
     reconcile_timeout: float
+    cli_rounds: int = 21
 
 
 FULL = Sizes(500, 50, 5, 1000, 20, (5, 15), 4, 10, 10_000, 200, 5, 500, 5, 900.0)
-QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0)
+QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0, cli_rounds=3)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -138,6 +139,10 @@ def _run(section: str, cluster: LocalCluster, kubeconfig: str, namespace: str, s
 
         return handover.run(kubeconfig, namespace, list(sizes.handover_durations),
                             sizes.handover_rounds, sizes.handover_per_round)
+    if section == "cli":
+        from bench import cli
+
+        return cli.run(kubeconfig, namespace, sizes.cli_rounds)
     from bench import scale
 
     return scale.run(cluster, kubeconfig, namespace, sizes.scale_leases,

@@ -43,10 +43,13 @@ def run(kubeconfig: str, namespace: str, iterations: int, results: Path) -> dict
     def floor() -> None:
         nonlocal floor_obs
         now = api.server_now().midpoint
+        # a claimed status needs an epoch (CRD rule); the first write sets it, like a claim
+        epoch = (floor_obs.status.epoch if floor_obs.status.epoch is not None
+                 else int(floor_obs.resource_version))
         status = LeaseStatus(phase=Phase.HELD, holder="bench-floor",
-                             generation=floor_obs.status.generation + 1, epoch=1,
-                             acquire_time=now,
-                             renew_time=now, lease_until=now + timedelta(seconds=30))
+                             generation=floor_obs.status.generation + 1, epoch=epoch,
+                             acquire_time=now, renew_time=now,
+                             lease_until=now + timedelta(seconds=30))
         patch = {"metadata": {"resourceVersion": floor_obs.resource_version},
                  "status": status.to_dict()}
         body = api.request("PATCH", lease_path(namespace, "floor", "status"), patch,

@@ -15,6 +15,10 @@ def _s(x: float) -> str:
     return "n/a" if x is None or math.isnan(x) else f"{x:.2f}"
 
 
+def _s3(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.3f}"
+
+
 def _ok(flag: bool | None) -> str:
     return "n/a" if flag is None else ("yes" if flag else "**no**")
 
@@ -109,6 +113,23 @@ def table(r: dict[str, Any]) -> str:
                      f"counter {rn['operator_writes_counter']:.0f}, kube-apiserver "
                      f"{rn['operator_writes_apiserver']:.0f}", "", "0",
                      _ok(rn["writes_per_renewal"] == 0)))
+    cli = r.get("cli")
+    if cli:
+        verbs = cli["verbs"]
+        floor = verbs["kubectl get jl NAME"]["wall_s"]
+        for name, v in verbs.items():
+            if name.startswith("kubectl"):
+                continue
+            wall, cpu = v["wall_s"], v["cpu_s"]
+            target = v.get("target_s")
+            rows.append((f"CLI `joblease {name}` process, wall p50 / p90 s (CPU p50), "
+                         f"n={wall['n']}", f"{_s3(wall['p50'])} / {_s3(wall['p90'])} "
+                         f"({_s3(cpu['p50'])})",
+                         f"`kubectl get jl NAME` {_s3(floor['p50'])} / {_s3(floor['p90'])}; "
+                         f"`kubectl get jl` {_s3(verbs['kubectl get jl']['wall_s']['p50'])}",
+                         f"{wall['p50'] / floor['p50']:.1f}×",
+                         f"≤ {target} s" if target else "info",
+                         _ok(v.get("met")) if target else "n/a"))
     head = ("| measurement | joblease | baseline (same run) | ratio | target | met |\n"
             "|---|---|---|---|---|---|")
     body = "\n".join("| " + " | ".join(row) + " |" for row in rows)

@@ -82,10 +82,13 @@ def run(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, A
             api = apis[i]
             for _ in range(per[i]):
                 now = api.server_now().midpoint
+                # a claimed status needs an epoch (CRD rule); the first write sets it
+                epoch = (obs.status.epoch if obs.status.epoch is not None
+                         else int(obs.resource_version))
                 status = LeaseStatus(phase=Phase.HELD, holder=f"w{i}",
-                                     generation=obs.status.generation + 1, epoch=1,
-                                     acquire_time=now,
-                                     renew_time=now, lease_until=now + timedelta(seconds=30))
+                                     generation=obs.status.generation + 1, epoch=epoch,
+                                     acquire_time=now, renew_time=now,
+                                     lease_until=now + timedelta(seconds=30))
                 patch = {"metadata": {"resourceVersion": obs.resource_version},
                          "status": status.to_dict()}
                 obs = Observed.from_object(api.request(

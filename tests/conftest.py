@@ -62,11 +62,11 @@ class ExternalCluster:
                 f"and deletes namespaces, CRDs and RBAC, so it only runs against contexts "
                 f"matching {', '.join(E2E_CONTEXT_ALLOW)}"
             )
+        self._users: dict[str, Path] = {"admin": kubeconfig}  # before the first kubectl call
         raw = json.loads(self.kubectl("config", "view", "--raw", "--minify", "-o", "json",
                                       check=True).stdout)
         self._cluster = raw["clusters"][0]["cluster"]
         self.server = str(self._cluster["server"])
-        self._users: dict[str, Path] = {"admin": kubeconfig}
 
     def username(self, user: str) -> str:
         return user if user == "admin" else \

@@ -17,6 +17,8 @@ A lease is temporary ownership, not exactly-once: see ``joblease.domain.lease`` 
 and is not guaranteed, and ``joblease.fencing`` for the target-side check.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from joblease.domain.errors import (
     JobleaseError,
     LeaseError,
@@ -31,16 +33,18 @@ from joblease.domain.errors import (
 )
 from joblease.domain.lease import Phase
 from joblease.domain.token import FencingToken
-from joblease.kube.api import (
-    ApiError,
-    ConflictError,
-    ForbiddenError,
-    InvalidError,
-    NotFoundError,
-    UnavailableError,
-)
-from joblease.kube.transact import ContentionError
-from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, default_holder
+
+if TYPE_CHECKING:
+    from joblease.kube.api import (
+        ApiError,
+        ConflictError,
+        ForbiddenError,
+        InvalidError,
+        NotFoundError,
+        UnavailableError,
+    )
+    from joblease.kube.transact import ContentionError
+    from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, default_holder
 
 __version__ = "0.1.0"
 
@@ -51,3 +55,32 @@ __all__ = [
     "LeaseHeldError", "LeaseLostError", "LeaseNotFoundError", "LeaseUnavailableError",
     "NotFoundError", "Phase", "StaleLeaseError", "UnavailableError", "default_holder",
 ]
+
+
+_SDK = ("AsyncHolding", "Holding", "Lease", "LeaseClient", "default_holder")
+# The API errors live beside the HTTP client (joblease.kube.api imports `kubernetes`), so
+# they load on first use too; the protocol's errors above are pure and load at once.
+_API_ERRORS = ("ApiError", "ConflictError", "ForbiddenError", "InvalidError", "NotFoundError",
+               "UnavailableError")
+
+
+def __getattr__(name: str) -> Any:
+    # The SDK loads on first use, not with the package: every `joblease.*` import (the CLI's
+    # included) runs this file first, and the SDK brings asyncio and the HTTP client along
+    # (issue 18, item 5). `joblease.LeaseClient` works exactly as before.
+    if name in _SDK:
+        import joblease.sdk
+
+        value = getattr(joblease.sdk, name)
+    elif name in _API_ERRORS:
+        import joblease.kube.api
+
+        value = getattr(joblease.kube.api, name)
+    elif name == "ContentionError":
+        import joblease.kube.transact
+
+        value = joblease.kube.transact.ContentionError
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value

@@ -11,22 +11,21 @@ Exit codes (stable, for scripts):
     6  the API server refused or could not be reached (RBAC, validation, network)
 """
 
+# Startup time is most of a CLI call (issue 18): this module imports only the standard
+# library at the top. Each verb imports what it uses, the operator's code (kopf,
+# prometheus_client) is imported only by `joblease operator`, and `--help`/`completion`
+# touch neither the SDK nor the Kubernetes client. tests/unit/test_cli_imports.py keeps it so.
+
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from joblease.domain.errors import (
-    LeaseError,
-    LeaseLostError,
-    LeaseNotFoundError,
-    LeaseUnavailableError,
-    format_time,
-)
-from joblease.domain.lease import Observed
-from joblease.kube.api import ApiError
+if TYPE_CHECKING:
+    from joblease.domain.lease import Observed
+    from joblease.sdk.client import LeaseClient
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_LOST, EXIT_NOT_FOUND, EXIT_API = range(7)
 
@@ -37,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     _register_lease_commands(sub)
+    _register_views(sub)
     _register_operator(sub)
     return parser
 
@@ -107,19 +107,73 @@ def _register_lease_commands(sub: Any) -> None:
 
 
 def _register_operator(sub: Any) -> None:
-    from joblease.controller.main import add_arguments, run
-    p = sub.add_parser("operator", help="run the operator (same as python -m joblease)")
-    add_arguments(p)
-    p.set_defaults(func=run)
+    # Listed for --help and completion only: main() hands `operator ARGS…` to the
+    # controller's own parser before this one runs, so kopf is imported by that verb alone.
+    sub.add_parser("operator", add_help=False,
+                   help="run the operator (same as python -m joblease; "
+                        "`joblease operator --help` for its options)")
 
 
-def _client(args: argparse.Namespace) -> Any:
+def _register_views(sub: Any) -> None:
+    for verb in ("ls", "top"):
+        p = sub.add_parser(verb, help="overview: counts by phase, oldest held, past their "
+                           "end, recent Failed" + (" (same as ls)" if verb == "top" else ""))
+        _common(p)
+        p.add_argument("-l", "--selector", default=None,
+                       help="label selector, as for kubectl (e.g. team=batch,tier!=dev)")
+        p.add_argument("-A", "--all-namespaces", action="store_true")
+        p.add_argument("--top", type=int, default=5, metavar="N",
+                       help="how many leases each list shows (counts are always complete)")
+        p.set_defaults(func=_cmd_ls)
+    describe = sub.add_parser("describe", help="one JobLease in detail, with its last Events")
+    _common(describe)
+    describe.add_argument("name")
+    describe.add_argument("--events", type=int, default=10, metavar="N",
+                          help="how many of the latest Events to show")
+    describe.set_defaults(func=_cmd_describe)
+    completion = sub.add_parser("completion", help="print a shell completion script",
+                                description="Print a completion script; e.g. "
+                                "`source <(joblease completion bash)`, or for zsh "
+                                "`source <(joblease completion zsh)` in ~/.zshrc.")
+    completion.add_argument("shell", choices=["bash", "zsh"])
+    completion.set_defaults(func=_cmd_completion)
+
+
+def _client(args: argparse.Namespace, *, calibrate: bool, one_shot: bool = True
+            ) -> LeaseClient:
+    """A LeaseClient for one verb; ``calibrate`` says whether it needs a tight clock bound.
+
+    ``one_shot`` verbs (all but ``run``) talk through ``joblease.kube.lite`` when the
+    kubeconfig holds static credentials: importing the ``kubernetes`` package would cost
+    more than the rest of the call. ``run`` holds a lease for long and keeps the full client.
+
+    Calibration narrows the server-clock error from about half a second (one ``Date``
+    header of one-second resolution) to milliseconds, at the cost of up to a second of
+    polling. Who needs it:
+
+    * ``get``, ``ls``, ``describe`` only display; their clock error is printed.
+    * ``claim`` waits until ``leaseUntil + margin`` has *certainly* passed, where the
+      margin includes the error bound: a wider bound only makes a takeover of an expired
+      lease wait up to about a second longer, never happen early. A fresh lease
+      (Available, released) is claimed at once either way.
+    * ``renew``, ``complete`` and ``release`` keep it: they are refused once the server
+      clock may have reached ``leaseUntil - margin``, and a wide bound would turn a
+      late-but-valid completion into a refusal.
+    * ``run`` keeps it: its command holds the lease for long, and a wide bound would
+      shorten every renewal period (it is one second, once).
+    """
     from joblease.sdk.client import LeaseClient
-    return LeaseClient(args.namespace, kubeconfig=args.kubeconfig, context=args.context)
+    if one_shot:
+        from joblease.kube.lite import connect
+        return LeaseClient(args.namespace, api=connect(args.kubeconfig, args.context),
+                           calibrate=calibrate)
+    return LeaseClient(args.namespace, kubeconfig=args.kubeconfig, context=args.context,
+                       calibrate=calibrate)
 
 
 def _cmd_claim(args: argparse.Namespace) -> int:
-    client = _client(args)
+    from joblease.domain.errors import format_time
+    client = _client(args, calibrate=False)
     lease = client.wait_claim(args.name, args.holder, timeout=args.wait,
                               retry_unavailable=max(args.wait, 10.0))
     _print(args, {"name": lease.name, "namespace": lease.namespace, "holder": lease.holder,
@@ -141,7 +195,7 @@ def _cmd_held(args: argparse.Namespace) -> int:
               "match another incarnation of the JobLease", file=sys.stderr)
         return EXIT_USAGE
     token = args.token or FencingToken(args.epoch, args.generation)
-    client = _client(args)
+    client = _client(args, calibrate=True)
     lease = client.resume(args.name, args.holder, token, args.claim_id)
     act = {"renew": lease.renew, "complete": lambda: lease.complete(args.result),
            "release": lambda: lease.release(failed=args.failed)}[args.verb]
@@ -174,7 +228,8 @@ def _retry_unavailable(action: Any, seconds: float) -> None:
 
 
 def _cmd_get(args: argparse.Namespace) -> int:
-    obs = _client(args).get(args.name)
+    from joblease.domain.errors import format_time
+    obs = _client(args, calibrate=False).get(args.name)
     st = obs.status
     _print(args, _status_dict(obs),
            f"{obs.namespace}/{obs.name}: phase {st.phase.value}, holder {st.holder or '-'}, "
@@ -190,7 +245,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print("joblease run: no command given (use: joblease run --lease NAME -- CMD ARGS…)",
               file=sys.stderr)
         return EXIT_USAGE
-    client = _client(args)
+    client = _client(args, calibrate=True, one_shot=False)
     lease = client.wait_claim(args.lease, args.holder, timeout=args.wait,
                               retry_unavailable=max(args.wait, 10.0))
     print(f"joblease run: holding {lease.namespace}/{lease.name} as {lease.holder!r} at "
@@ -199,6 +254,40 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if result.lost:
         return EXIT_LOST
     return result.child_exit
+
+
+def _cmd_ls(args: argparse.Namespace) -> int:
+    from joblease import cli_view
+    client = _client(args, calibrate=False)
+    namespace = None if args.all_namespaces else args.namespace
+    objects = client.store.list_objects(namespace, args.selector)
+    data = cli_view.overview(objects, client.api.server_now(), top=args.top,
+                             selector=args.selector, namespace=namespace)
+    _print(args, data, cli_view.render_overview(data))
+    return EXIT_OK
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    from joblease import cli_view
+    from joblease.domain.errors import LeaseNotFoundError
+    from joblease.domain.lease import Observed
+    from joblease.kube.api import NotFoundError
+    from joblease.kube.leases import lease_path
+    client = _client(args, calibrate=False)
+    try:
+        raw = client.api.request("GET", lease_path(args.namespace, args.name)).body
+    except NotFoundError as err:
+        raise LeaseNotFoundError(args.name, args.namespace) from err
+    events = client.store.events_for(Observed.from_object(raw))
+    data = cli_view.describe(raw, events, client.api.server_now(), last_events=args.events)
+    _print(args, data, cli_view.render_describe(data))
+    return EXIT_OK
+
+
+def _cmd_completion(args: argparse.Namespace) -> int:
+    from joblease import cli_view
+    print(cli_view.completion_script(build_parser(), args.shell), end="")
+    return EXIT_OK
 
 
 def _status_dict(obs: Observed) -> dict[str, Any]:
@@ -211,7 +300,20 @@ def _print(args: argparse.Namespace, data: dict[str, Any], text: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI and return its exit code (see the module doc)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["operator"]:
+        from joblease.controller.main import main as operator_main
+        return operator_main(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.func is _cmd_completion:  # needs neither the SDK nor its error classes
+        return int(args.func(args))
+    from joblease.domain.errors import (
+        LeaseError,
+        LeaseLostError,
+        LeaseNotFoundError,
+        LeaseUnavailableError,
+    )
+    from joblease.kube.api import ApiError
     try:
         code: int = args.func(args)
     except LeaseNotFoundError as err:
@@ -226,6 +328,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(err, EXIT_API)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `joblease ls | head`: the reader left; say nothing more (as kubectl does), and
+        # keep the interpreter from complaining again while it flushes stdout on exit
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
     return code
 
 

@@ -21,10 +21,12 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert "| measurement | joblease |" in proc.stdout
     assert "load average at start" in proc.stderr and "load average at end" in proc.stderr
     results = json.loads((tmp_path / "results.json").read_text())
-    for section in ("latency", "contention", "throughput", "handover", "scale"):
+    for section in ("latency", "contention", "throughput", "handover", "scale", "cli"):
         assert section in results, section
     assert results["latency"]["floor"]["n"] > 0
     assert results["contention"]["errors"] == 0
     assert results["scale"]["renewals"]["writes_per_renewal"] == 0
     assert results["scale"]["expiry"]["expired"] == results["scale"]["expiry"]["leases"]
+    assert results["cli"]["verbs"]["get"]["wall_s"]["n"] == 3
+    assert "`joblease claim`" in proc.stdout
     assert (tmp_path / "latest.md").read_text().startswith("| measurement |")

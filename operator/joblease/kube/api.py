@@ -25,12 +25,12 @@ from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode
 
-import urllib3
-from kubernetes import client as k8s_client
-from kubernetes import config as k8s_config
-
 from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import JobleaseError
+
+# The ``kubernetes`` package (and urllib3 under it) is imported where a client is built,
+# not here: it costs 0.3-0.4 s of CPU, and the CLI's one-shot verbs use the light transport
+# in ``joblease.kube.lite`` instead (issue 18, item 5).
 
 MERGE_PATCH = "application/merge-patch+json"
 DEFAULT_TIMEOUT = 10.0
@@ -126,9 +126,12 @@ class KubeApi:
         monotonic: The local monotonic clock (injected for tests).
     """
 
-    def __init__(self, api_client: k8s_client.ApiClient, clock: ServerClock | None = None,
+    def __init__(self, api_client: Any, clock: ServerClock | None = None,
                  monotonic: Any = time.monotonic) -> None:
         self._client = api_client
+        # what "no answer" looks like depends on the transport (joblease.kube.lite says)
+        self._transport_errors: tuple[type[BaseException], ...] = (
+            getattr(api_client, "transport_errors", None) or _kubernetes_transport_errors())
         self.clock = clock or clock_from_env()
         self._monotonic = monotonic
         self._lock = threading.Lock()
@@ -136,6 +139,9 @@ class KubeApi:
     @classmethod
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> KubeApi:
         """Build from a kubeconfig file (``$KUBECONFIG`` by default) or, in a pod, in-cluster."""
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+
         configuration = k8s_client.Configuration()
         try:
             k8s_config.load_kube_config(config_file=path, context=context,
@@ -211,7 +217,7 @@ class KubeApi:
         try:
             raw = self._client.call_api(*serialized, _request_timeout=timeout)
             data = raw.read()
-        except (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException) as err:
+        except self._transport_errors as err:
             raise UnavailableError(0, "Unavailable", f"{method} {path}: {err}") from err
         received = self.monotonic()
         self._observe_date(raw.headers.get("Date"), sent, received)
@@ -253,6 +259,13 @@ class KubeApi:
                     "%.0fs (leases end early, takeovers wait). See docs/ha.md.",
                     header, self.clock.max_gap, MAX_SERVER_SKEW_ENV, self.clock.max_skew,
                     self.clock.track_ttl)
+
+
+def _kubernetes_transport_errors() -> tuple[type[BaseException], ...]:
+    import urllib3
+    from kubernetes import client as k8s_client
+
+    return (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException)
 
 
 def _decode(data: bytes | None) -> dict[str, Any]:

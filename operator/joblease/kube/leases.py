@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import os
 import socket
 from typing import Any
@@ -49,6 +50,45 @@ class LeaseStore:
         """List JobLeases in one namespace, or in all."""
         items = self.api.request("GET", lease_path(namespace)).body.get("items", [])
         return [Observed.from_object(item) for item in items]
+
+    def list_objects(self, namespace: str | None = None, label_selector: str | None = None,
+                     page_size: int = 500, timeout: float = DEFAULT_TIMEOUT
+                     ) -> builtins.list[dict[str, Any]]:
+        """Every JobLease object (raw, with metadata) matching a label selector, paginated.
+
+        Raw objects, not ``Observed``: an overview needs metadata the protocol does not
+        (labels, ``creationTimestamp``). Pages of ``page_size`` keep one huge namespace from
+        becoming one huge response; the API server's ``continue`` token stitches them into
+        one consistent snapshot.
+        """
+        items: builtins.list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = {"limit": str(page_size)}
+            if label_selector:
+                query["labelSelector"] = label_selector
+            if token:
+                query["continue"] = token
+            body = self.api.request("GET", lease_path(namespace), query=query,
+                                    timeout=timeout).body
+            items.extend(body.get("items", []))
+            token = str(body.get("metadata", {}).get("continue") or "")
+            if not token:
+                return items
+
+    def events_for(self, observed: Observed, timeout: float = DEFAULT_TIMEOUT
+                   ) -> builtins.list[dict[str, Any]]:
+        """The core/v1 Events about this very JobLease (name *and* uid), oldest first.
+
+        Matching the uid too keeps Events of an earlier, deleted JobLease of the same name
+        (which live on for the Event TTL, an hour by default) out of its successor's story.
+        """
+        selector = (f"involvedObject.name={observed.name},involvedObject.uid={observed.uid},"
+                    f"involvedObject.kind={KIND}")
+        body = self.api.request("GET", f"/api/v1/namespaces/{observed.namespace}/events",
+                                query={"fieldSelector": selector}, timeout=timeout).body
+        events: builtins.list[dict[str, Any]] = body.get("items", [])
+        return sorted(events, key=event_time)
 
     def create(self, namespace: str, name: str, spec: dict[str, Any] | None = None,
                labels: dict[str, str] | None = None) -> Observed:
@@ -103,3 +143,15 @@ class LeaseStore:
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
         self.api.request("POST", f"/api/v1/namespaces/{observed.namespace}/events", body)
+
+
+def event_time(event: dict[str, Any]) -> str:
+    """When an Event last happened, as an RFC 3339 string that sorts in time order.
+
+    Events written through events.k8s.io carry ``eventTime`` (and a ``series``) rather than
+    ``lastTimestamp``; core/v1 ones the other way round. Both are UTC with a ``Z``.
+    """
+    series = event.get("series") or {}
+    return str(series.get("lastObservedTime") or event.get("lastTimestamp")
+               or event.get("eventTime") or event.get("firstTimestamp")
+               or event.get("metadata", {}).get("creationTimestamp") or "")

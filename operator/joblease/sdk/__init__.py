@@ -3,8 +3,22 @@
 Reference: ``docs/sdk.md``.
 """
 
+from typing import TYPE_CHECKING, Any
+
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, default_holder
-from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
+
+if TYPE_CHECKING:
+    from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
 
 __all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient",
            "RenewalStoppedError", "default_holder"]
+
+
+def __getattr__(name: str) -> Any:
+    # Holding/AsyncHolding load on first use: they import asyncio (tens of milliseconds),
+    # which one-shot CLI verbs that only claim or read never need (issue 18, item 5).
+    if name in ("AsyncHolding", "Holding", "RenewalStoppedError"):
+        from joblease.sdk import hold
+
+        return getattr(hold, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

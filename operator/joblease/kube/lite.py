@@ -1,0 +1,310 @@
+"""A light transport for one-shot CLI calls: static kubeconfig credentials over ``http.client``.
+
+Why it exists: importing the ``kubernetes`` package costs 0.3–0.4 s of CPU on a small machine
+(its ``__init__`` loads the config loaders, which pull in ``requests_oauthlib``, ``oauthlib``,
+``pydantic`` and ``dateutil``, whichever submodule one asks for), more than the whole
+budget of ``joblease get`` (issue 18: ≤ 0.3 s). A process that makes one or two requests
+and exits does not need it when the kubeconfig holds only static credentials.
+
+What it is: a drop-in for the two ``ApiClient`` methods :class:`~joblease.kube.api.KubeApi`
+calls (``param_serialize`` and ``call_api``), so every request still goes through
+``KubeApi.request``: the same headers, the same typed errors, the same ``Date`` headers
+feeding the same server-clock estimate. Only loading the configuration and moving bytes
+differ.
+
+What it is not: a second kubeconfig implementation. It reads exactly one kubeconfig file
+whose chosen context uses a bearer token (``token``/``tokenFile``) and/or a client
+certificate, with a CA or ``insecure-skip-tls-verify``, or the in-cluster ServiceAccount
+when there is no kubeconfig; for anything else (exec plugins, auth providers, basic auth,
+impersonation, proxies, several files in ``$KUBECONFIG``) :func:`connect` falls back to the
+``kubernetes`` client, which covers them. ``JOBLEASE_KUBE_CLIENT=kubernetes`` forces the
+fallback. Long-running processes (the SDK, the operator, ``joblease run``) use the
+``kubernetes`` client as before.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import os
+import ssl
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from joblease.kube.api import KubeApi
+
+CLIENT_ENV = "JOBLEASE_KUBE_CLIENT"
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+USER_AGENT = "joblease-cli"
+_CLUSTER_KEYS = {"server", "certificate-authority", "certificate-authority-data",
+                 "insecure-skip-tls-verify", "tls-server-name", "extensions"}
+_USER_KEYS = {"token", "tokenFile", "client-certificate", "client-certificate-data",
+              "client-key", "client-key-data", "extensions"}
+_PROXY_ENV = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY",
+              "all_proxy")
+
+
+class UnsupportedConfigError(Exception):
+    """The configuration needs the full ``kubernetes`` client (the message says why)."""
+
+
+@dataclass(frozen=True)
+class LiteConfig:
+    """Where the API server is and how to authenticate: the static subset of a kubeconfig."""
+
+    host: str
+    ssl_context: ssl.SSLContext | None
+    token: str | None = None
+    server_hostname: str | None = None
+
+
+class _Configuration:
+    """The one ``Configuration`` attribute ``KubeApi`` reads."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+
+@dataclass(frozen=True)
+class LiteResponse:
+    """What ``KubeApi.request`` reads of a response: status, reason, headers, body."""
+
+    status: int
+    reason: str
+    headers: http.client.HTTPMessage
+    data: bytes
+
+    def read(self) -> bytes:
+        """The body (already read: the connection is free for the next request)."""
+        return self.data
+
+
+class LiteApiClient:
+    """One kept-alive HTTPS connection, one request at a time.
+
+    Requests are serialized by a lock: a CLI verb sends a handful in sequence, and one
+    connection means one TLS handshake. A request that fails closes the connection, and the
+    next one opens a new one; nothing is retried here (``KubeApi``'s callers decide, and a
+    write is never retried blindly).
+
+    Attributes:
+        transport_errors: The exceptions that mean "no answer"; ``KubeApi`` turns them into
+            ``UnavailableError``.
+    """
+
+    transport_errors: tuple[type[BaseException], ...] = (OSError, http.client.HTTPException)
+
+    def __init__(self, config: LiteConfig) -> None:
+        self.configuration = _Configuration(config.host)
+        self._config = config
+        url = urlsplit(config.host)
+        self._https = url.scheme == "https"
+        self._host, self._port = url.hostname or "localhost", url.port
+        self._prefix = url.path.rstrip("/")
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+
+    def param_serialize(self, method: str, resource_path: str,
+                        header_params: dict[str, str] | None = None, body: Any = None,
+                        auth_settings: list[str] | None = None, **_: Any
+                        ) -> tuple[str, str, dict[str, str], bytes | None]:
+        """Method, path, headers (with the bearer token) and the JSON body, ready to send."""
+        headers = {"User-Agent": USER_AGENT, **(header_params or {})}
+        if self._config.token and auth_settings and "BearerToken" in auth_settings:
+            headers["Authorization"] = f"Bearer {self._config.token}"
+        data = None if body is None else json.dumps(body).encode()
+        return method, self._prefix + resource_path, headers, data
+
+    def call_api(self, method: str, path: str, headers: dict[str, str], body: bytes | None,
+                 _request_timeout: float | None = None) -> LiteResponse:
+        """Send one request and read the whole response."""
+        with self._lock:
+            conn = self._connection(_request_timeout)
+            try:
+                conn.request(method, path, body=body, headers=headers)
+                reply = conn.getresponse()
+                data = reply.read()
+            except BaseException:
+                conn.close()
+                self._conn = None
+                raise
+            if reply.will_close:
+                conn.close()
+                self._conn = None
+            return LiteResponse(reply.status, reply.reason, reply.headers, data)
+
+    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
+        if self._conn is None:
+            if self._https:
+                self._conn = _SniConnection(self._host, self._port, timeout=timeout,
+                                            context=self._config.ssl_context,
+                                            server_hostname=self._config.server_hostname)
+            else:
+                self._conn = http.client.HTTPConnection(self._host, self._port,
+                                                        timeout=timeout)
+        self._conn.timeout = timeout
+        if self._conn.sock is not None:
+            self._conn.sock.settimeout(timeout)
+        return self._conn
+
+    def close(self) -> None:
+        """Close the connection."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+
+class _SniConnection(http.client.HTTPSConnection):
+    """HTTPS with the kubeconfig's ``tls-server-name`` as SNI and verified name."""
+
+    def __init__(self, host: str, port: int | None, *, timeout: float | None,
+                 context: ssl.SSLContext | None, server_hostname: str | None) -> None:
+        super().__init__(host, port, timeout=timeout, context=context)
+        self._server_hostname = server_hostname
+
+    def connect(self) -> None:
+        """Connect and wrap, naming ``tls-server-name`` (when set) instead of the host."""
+        if self._server_hostname is None:
+            super().connect()
+            return
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._context.wrap_socket(  # type: ignore[attr-defined]
+            self.sock, server_hostname=self._server_hostname)
+
+
+def load(path: str | None = None, context: str | None = None,
+         environ: Mapping[str, str] | None = None) -> LiteConfig:
+    """Read the configuration the light client can serve, or raise :class:`UnsupportedConfigError`.
+
+    Same sources, in the same order, as ``KubeApi.from_kubeconfig``: ``path``, else
+    ``$KUBECONFIG``, else ``~/.kube/config``; with none of them and no explicit ``path``,
+    the in-cluster ServiceAccount.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+    if env.get(CLIENT_ENV, "").strip().lower() == "kubernetes":
+        raise UnsupportedConfigError(f"{CLIENT_ENV}=kubernetes")
+    if any(env.get(name) for name in _PROXY_ENV):
+        raise UnsupportedConfigError("a proxy is configured in the environment")
+    if path is None:
+        listed = env.get("KUBECONFIG", "")
+        if os.pathsep in listed.strip(os.pathsep):
+            raise UnsupportedConfigError("$KUBECONFIG lists several files (merging them is the "
+                              "kubernetes client's job)")
+        path = listed.strip(os.pathsep) or str(Path("~/.kube/config").expanduser())
+        if not Path(path).exists():
+            if listed:
+                raise UnsupportedConfigError(f"no kubeconfig at {path}")
+            return _incluster(env)
+    return _from_kubeconfig(Path(path), context)
+
+
+def _from_kubeconfig(path: Path, context: str | None) -> LiteConfig:
+    import yaml  # the kubeconfig format; CSafeLoader when libyaml is there (faster)
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        doc = yaml.load(path.read_text(), Loader=loader) or {}
+    except (OSError, yaml.YAMLError) as err:
+        raise UnsupportedConfigError(f"cannot read {path}: {err}") from err
+    name = context or doc.get("current-context")
+    ctx = _named(doc, "contexts", name, "context")
+    cluster = _named(doc, "clusters", ctx.get("cluster"), "cluster")
+    user = _named(doc, "users", ctx.get("user"), "user") if ctx.get("user") else {}
+    extra = (set(cluster) - _CLUSTER_KEYS) | (set(user) - _USER_KEYS)
+    if extra:
+        raise UnsupportedConfigError(f"kubeconfig uses {sorted(extra)}")
+    base = path.parent
+    server = str(cluster.get("server") or "")
+    if not server.startswith(("https://", "http://")):
+        raise UnsupportedConfigError(f"server {server!r}")
+    token = user.get("token")
+    if token is None and user.get("tokenFile"):
+        token = _resolve(base, user["tokenFile"]).read_text().strip()
+    context_ = None
+    if server.startswith("https://"):
+        context_ = _ssl_context(
+            ca_file=_resolve(base, cluster["certificate-authority"])
+            if cluster.get("certificate-authority") else None,
+            ca_data=cluster.get("certificate-authority-data"),
+            insecure=bool(cluster.get("insecure-skip-tls-verify")),
+            cert=_pem(base, user, "client-certificate"), key=_pem(base, user, "client-key"))
+    return LiteConfig(server, context_, token, cluster.get("tls-server-name"))
+
+
+def _named(doc: dict[str, Any], section: str, name: Any, key: str) -> dict[str, Any]:
+    for entry in doc.get(section) or []:
+        if entry.get("name") == name:
+            value = entry.get(key) or {}
+            if not isinstance(value, dict):
+                raise UnsupportedConfigError(f"{section} entry {name!r} is not a mapping")
+            return value
+    raise UnsupportedConfigError(f"no {key} named {name!r} in the kubeconfig")
+
+
+def _resolve(base: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else base / path
+
+
+def _pem(base: Path, user: dict[str, Any], key: str) -> bytes | None:
+    if user.get(f"{key}-data"):
+        return base64.b64decode(user[f"{key}-data"])
+    if user.get(key):
+        return _resolve(base, user[key]).read_bytes()
+    return None
+
+
+def _ssl_context(*, ca_file: Path | None, ca_data: str | None, insecure: bool,
+                 cert: bytes | None, key: bytes | None) -> ssl.SSLContext:
+    context = ssl.create_default_context(
+        cafile=str(ca_file) if ca_file else None,
+        cadata=base64.b64decode(ca_data).decode() if ca_data else None)
+    if insecure:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    if (cert is None) != (key is None):
+        raise UnsupportedConfigError("a client certificate without its key (or the reverse)")
+    if cert is not None and key is not None:
+        import tempfile  # only here: it costs a few milliseconds of imports (shutil, random)
+
+        # ssl loads a certificate chain only from files: write both to a private folder,
+        # load them, and remove them at once (the context keeps them in memory)
+        with tempfile.TemporaryDirectory(prefix="joblease-") as folder:
+            cert_path, key_path = Path(folder, "cert.pem"), Path(folder, "key.pem")
+            for target, data in ((cert_path, cert), (key_path, key)):
+                fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+            context.load_cert_chain(cert_path, key_path)
+    return context
+
+
+def _incluster(env: Mapping[str, str]) -> LiteConfig:
+    host, port = env.get("KUBERNETES_SERVICE_HOST"), env.get("KUBERNETES_SERVICE_PORT")
+    token_file = SERVICE_ACCOUNT / "token"
+    if not host or not port or not token_file.exists():
+        raise UnsupportedConfigError("no kubeconfig, and not in a pod")
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    context = _ssl_context(ca_file=SERVICE_ACCOUNT / "ca.crt", ca_data=None, insecure=False,
+                           cert=None, key=None)
+    return LiteConfig(server, context, token_file.read_text().strip())
+
+
+def connect(path: str | None = None, context: str | None = None) -> KubeApi:
+    """A ``KubeApi`` for a one-shot command: light when the kubeconfig allows, else full.
+
+    A configuration the light loader cannot use *or cannot read* (a missing CA or token
+    file, a CA that is not PEM, bad base64) also goes to the ``kubernetes`` client, so such
+    errors surface exactly as they did before this transport existed.
+    """
+    try:
+        config = load(path, context)
+    except (UnsupportedConfigError, OSError, ValueError):  # ssl.SSLError is an OSError
+        return KubeApi.from_kubeconfig(path, context)
+    return KubeApi(LiteApiClient(config))

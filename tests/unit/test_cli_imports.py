@@ -1,0 +1,49 @@
+"""`import joblease.cli` stays cheap: no operator framework, no metrics, no controller.
+
+Startup time is most of a CLI call (issue 18, item 5). Each check runs in a fresh
+interpreter, because this test process has long since imported everything.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+HEAVY = ("kopf", "prometheus_client", "joblease.controller", "aiohttp")
+
+
+def _loaded_after(code: str) -> set[str]:
+    probe = f"import json, sys\n{code}\nprint(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return set(json.loads(out.stdout.splitlines()[-1]))
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+def test_importing_the_cli_loads_no_operator_code() -> None:
+    loaded = _loaded_after("import joblease.cli")
+    assert "joblease.cli" in loaded
+    assert _heavy(loaded) == []
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["get", "--help"], ["ls", "--help"],
+                                  ["completion", "bash"]])
+def test_parsing_and_help_load_no_operator_code(argv: list[str]) -> None:
+    code = ("import contextlib, io\nfrom joblease import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+            f"    cli.main({argv!r})")
+    assert _heavy(_loaded_after(code)) == []
+
+
+def test_operator_verb_is_handed_to_the_controller_parser() -> None:
+    # the one verb that needs kopf imports it itself, and its --help is the controller's
+    out = subprocess.run([sys.executable, "-m", "joblease.cli", "operator", "--help"],
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    assert "--metrics-port" in out.stdout
