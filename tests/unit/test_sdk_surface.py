@@ -66,13 +66,9 @@ def _joblease_exceptions() -> list[type[BaseException]]:
     return found
 
 
-# Arrived with other branches while this one was open: the operator's settings error
-# (giving it JobleaseError as a base is a one-line change in controller/settings.py, left
-# to that file's owner; docs/sdk.md, "Not wrapped"), and the light client's internal
-# signal to fall back to the full one (caught by joblease.kube.lite.connect, never seen
-# by a caller). Nothing else may join this list.
-NOT_YET_JOBLEASE_ERRORS = {"joblease.controller.settings.SettingsError",
-                           "joblease.kube.lite.UnsupportedConfigError"}
+# The light client's internal signal to fall back to the full one (caught by
+# joblease.kube.lite.connect, never seen by a caller). Nothing else may join this list.
+NOT_YET_JOBLEASE_ERRORS = {"joblease.kube.lite.UnsupportedConfigError"}
 
 
 def test_every_exception_joblease_defines_is_a_joblease_error() -> None:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from joblease.domain.clock import ServerClock
+from joblease.domain.errors import JobleaseError
 from joblease.kube.api import CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL, MAX_SERVER_SKEW_ENV
 
 MARGIN_ENV = "JOBLEASE_MARGIN_SECONDS"
@@ -44,7 +45,7 @@ _NAMESPACE = re.compile(r"^!?[a-z0-9*?]([-a-z0-9*?]{0,61}[a-z0-9*?])?$")
 _HOST = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9.]{0,251}[A-Za-z0-9])?$")
 
 
-class SettingsError(ValueError):
+class SettingsError(JobleaseError, ValueError):
     """A setting given on the command line or in the environment is not valid.
 
     Attributes:
