@@ -240,7 +240,7 @@ def test_claim_of_a_held_lease_names_holder_generation_and_end() -> None:
         decide_claim(obs(held("a", generation=3)), "b", exact(T0), MARGIN)
     assert str(err.value) == ("lease 'job' is held by 'a' at generation 3 until "
                               "2026-12-02T12:00:30.000Z (server time)")
-    assert (err.value.holder, err.value.generation) == ("a", 3)
+    assert (err.value.name, err.value.holder, err.value.generation) == ("job", "a", 3)
     assert err.value.lease_until == T0 + timedelta(seconds=30)
 
 
@@ -461,6 +461,7 @@ def test_expire_fails_the_lease_exactly_when_attempts_reach_max() -> None:
                       MARGIN)
     assert t is not None and t.kind == "failed"
     assert t.message == "generation 1 of 'a' expired; 2 attempts used of maxAttempts 2"
+    assert t.status.attempts == 2  # the Failed status records the attempt that exhausted it
     assert (t.status.phase, t.status.finish_time, t.status.lease_until) == (
         Phase.FAILED, T0 + MARGIN, None)
 
@@ -840,3 +841,57 @@ def test_monotonic_at_takes_the_fastest_clock_and_the_skew_allowance() -> None:
     clock.observe(101.0, 101.0, 5011)  # high 4911: the fastest clock decides
     assert clock.monotonic_at(datetime.fromtimestamp(5100, tz=UTC)) == pytest.approx(
         5100 - 1.0 - 4911)
+
+
+def test_a_takeover_that_exhausts_max_attempts_records_the_counted_attempt() -> None:
+    # The lost attempt of the expired holder is what fails the lease; the record must show it.
+    t = decide_claim(obs(held(until=T0, attempts=1), max_attempts=2), "b", exact(T0 + MARGIN),
+                     MARGIN)
+    assert t is not None and t.kind == "failed"
+    assert (t.status.attempts, t.status.holder) == (2, "a")
+    assert t.message == "2 attempts used of maxAttempts 2"
+
+
+def test_parse_time_saturates_an_offset_of_one_minute_past_the_end() -> None:
+    # A shift of +1 minute that overflows still saturates towards the future.
+    assert parse_time("9999-12-31T23:59:30-00:01") == LATEST_TIME
+
+
+def test_format_time_writes_utc_whatever_the_hosts_time_zone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Operator and worker images may set TZ; what they write must still be UTC.
+    import time
+    monkeypatch.setenv("TZ", "IST-5:30")
+    time.tzset()
+    try:
+        plus5 = timezone(timedelta(hours=5))
+        assert format_time(datetime(2026, 12, 2, 17, 0, tzinfo=plus5)) == T0_TEXT
+        assert format_time(parse_time("2026-12-02T17:30:00+05:30")) == T0_TEXT
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
+def test_every_switch_is_counted() -> None:
+    clock = ServerClock(drift=0, max_skew=5.0, track_ttl=60.0)
+    clock.observe(100.0, 100.0, 5000)  # [4900, 4901]
+    clock.observe(101.0, 101.0, 5003)  # [4902, 4903]: another server, 1 s apart
+    clock.observe(102.0, 102.0, 5006)  # [4904, 4905]: a third one
+    assert (clock.switches, clock.jumps, clock.tracks) == (2, 0, 3)
+
+
+def test_with_track_ttl_zero_even_a_clock_seen_at_the_same_instant_is_forgotten() -> None:
+    # Two responses received at one monotonic instant (concurrent requests) that disagree:
+    # without track_ttl only the newest clock is kept, as a single server's NTP step calls for.
+    clock = ServerClock(drift=0)
+    clock.observe(99.0, 100.0, 5000)  # [4900, 4902] at 100
+    clock.observe(99.5, 100.0, 5010)  # [4910, 4911.5] at 100
+    assert clock.tracks == 1
+    assert bounds(clock, 100.0) == pytest.approx(abs=2e-6, expected=(4910.0, 4911.5))
+
+
+def test_a_track_ttl_of_one_second_keeps_a_clock_seen_within_it() -> None:
+    clock = ServerClock(drift=0, track_ttl=1.0)
+    clock.observe(100.0, 100.0, 5000)
+    clock.observe(100.5, 100.5, 5010)
+    assert clock.tracks == 2
