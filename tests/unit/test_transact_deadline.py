@@ -132,3 +132,11 @@ def test_contention_is_a_409_named_contention_with_the_count() -> None:
     assert (err.value.status, err.value.reason) == (409, "Contention")
     assert err.value.message == ("JobLease ns/job: 2 conflicting writes in a row; giving up "
                                  "(is something rewriting it in a loop?)")
+
+
+def test_a_budget_of_no_attempts_sends_nothing_and_reports_contention() -> None:
+    # Nothing was written, so the outcome is known: refused (Contention), never "unknown".
+    api, store = setup()
+    with pytest.raises(ContentionError, match="0 conflicting writes"):
+        transact(store, "ns", "job", claim_a, max_conflicts=0)
+    assert api.requests == []
