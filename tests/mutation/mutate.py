@@ -32,10 +32,28 @@ TARGETS = {
     "transact": "src/joblease/kube/transact.py",
     "sdk": "src/joblease/sdk/*",
 }
-# test_fuzz_schema: fails on purpose until issue 15's production fixes land (see its
-# module doc). test_layout: checks the repository's layout, which the staging folder is not.
+# test_fuzz_schema: fails on purpose until issue 15's production fixes land (see its module
+# doc). test_layout: checks the repository's layout, which the staging
+# folder is not.
 EXCLUDED_TESTS = ["unit/fuzz/test_fuzz_schema.py", "unit/test_layout.py"]
+# test_the_demo_applies_the_packaged_crd checks which copy of the CRD the installed local
+# cluster resolves to (the repository's, through the editable install), which the staging
+# copy cannot be. The sentinel test leaves its sentinel processes to exit on their own;
+# mutmut forks workers from the process that ran the stats and reaps with os.wait(), so such
+# a late child aborts the run (KeyError in ForkRunner.wait_for_result). Neither covers
+# domain, transact or sdk code.
+DESELECTED = [
+    "tests/unit/test_crd_drift.py::test_the_demo_applies_the_packaged_crd",
+    *(f"tests/unit/{module}::test_the_sentinel_kills_the_group_at_the_deadline_and_when_the_"
+      "runner_dies" for module in ("test_safety.py", "test_safety_pure.py")),  # main renamed it
+]
+PYTEST_ARGS = ["-p", "no:cacheprovider", "-q",
+               *(arg for test in DESELECTED for arg in ("--deselect", test))]
 KILLED = {"killed", "timeout", "segfault"}
+# Repository files the unit tests read (CRD schema and drift check, chart values, the
+# operations doc's tables). mutmut runs the tests from ``mutants/``, so each is also listed
+# in ``also_copy``; without them the stats run fails to collect and mutmut stops.
+DATA = ("crds", "charts", "docs", "localcluster/src/joblease_localcluster/data")
 
 
 def stage(modules: list[str]) -> None:
@@ -49,7 +67,7 @@ def stage(modules: list[str]) -> None:
                     ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
     for excluded in EXCLUDED_TESTS:
         (STAGE / "tests" / excluded).unlink()
-    for data in ("crds", "charts"):  # read by the unit tests (schema, drift check)
+    for data in DATA:
         shutil.copytree(ROOT / data, STAGE / data)
     pytest_opts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
         "ini_options"]
@@ -63,7 +81,8 @@ def stage(modules: list[str]) -> None:
              f"source_paths = {_toml_list(['src'])}",
              f"only_mutate = {_toml_list([TARGETS[m] for m in modules])}",
              f"pytest_add_cli_args_test_selection = {_toml_list(['tests/unit'])}",
-             f"pytest_add_cli_args = {_toml_list(['-p', 'no:cacheprovider', '-q'])}",
+             f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}",
+             f"also_copy = {_toml_list(list(DATA))}",
              ""]
     (STAGE / "pyproject.toml").write_text("\n".join(lines))
 
