@@ -28,7 +28,9 @@ def test_default_render_has_every_part() -> None:
         "ClusterRoleBinding/jl-joblease-operator", "Deployment/jl-joblease-operator",
         "Service/jl-joblease-operator-metrics", "ServiceAccount/jl-joblease-operator",
         "ValidatingAdmissionPolicy/jl-joblease-operator-holder-only",
-        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-holder-only"])
+        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-holder-only",
+        "ValidatingAdmissionPolicy/jl-joblease-operator-operator-pods",
+        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-operator-pods"])
 
 
 def test_unknown_values_are_refused_by_the_schema() -> None:

@@ -10,15 +10,19 @@ containers stopped.
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 from kwok_support import (
+    OPERATOR_SA,
+    RELEASE_NS,
     apply,
     kns,  # noqa: F401  (fixture)
     kubectl_json,
     kwok_cluster,  # noqa: F401  (fixture)
     operator_as_sa,  # noqa: F401  (fixture)
     release,  # noqa: F401  (fixture)
+    sa_kubeconfig,
 )
 
 from joblease_localcluster.cluster import LocalCluster
@@ -108,3 +112,33 @@ def test_delegation_claims_renews_and_hands_over(kwok_cluster: LocalCluster, kns
     # Claimed may appear twice for one claim (the watch can beat the writer's own note).
     assert "Released" in reasons and reasons.count("Claimed") >= 3, reasons
     assert "403" not in operator_as_sa.output()
+
+
+def test_the_operator_may_change_only_token_annotations_of_a_pod(
+        kwok_cluster: LocalCluster, kns: str, release: str) -> None:
+    """Issue 14 item 10: RBAC lets the operator patch any pod (it must annotate delegating
+    pods cluster-wide); the chart's admission policy limits what that identity may change
+    to joblease.dev/ annotations, on the API server itself."""
+    _pod(kwok_cluster, kns, "victim")
+    as_operator = sa_kubeconfig(kwok_cluster, RELEASE_NS, OPERATOR_SA)
+
+    def patch(body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        # the later --kubeconfig wins: kubectl as the operator's ServiceAccount
+        return kwok_cluster.kubectl("--kubeconfig", str(as_operator), "patch", "pod",
+                                    "victim", "-n", kns, "--type=merge", "-p",
+                                    json.dumps(body))
+
+    def allowed() -> bool:
+        return patch({"metadata": {"annotations": {"joblease.dev/generation": "7"}}}
+                     ).returncode == 0
+
+    wait_for(allowed, 30, "the operator to annotate a pod with its token")
+    for forbidden in ({"metadata": {"labels": {"app": "hijacked"}}},
+                      {"metadata": {"annotations": {"other.io/owner": "operator"}}},
+                      {"metadata": {"labels": {"joblease.dev/lease": None}}}):
+        refused = wait_for(lambda b=forbidden: (out := patch(b)).returncode != 0 and out,
+                           30, f"the policy to refuse {forbidden}")
+        assert "may change only joblease.dev/ annotations" in refused.stderr, refused.stderr
+    pod = kubectl_json(kwok_cluster, "get", "pod", "victim", "-n", kns)
+    assert pod["metadata"]["labels"] == {"joblease.dev/lease": "work"}
+    assert pod["metadata"]["annotations"].get("joblease.dev/generation") == "7"
