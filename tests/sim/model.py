@@ -21,7 +21,7 @@ from joblease.domain.lease import parse_time
 
 EPOCH_MIN = datetime(1970, 1, 1, tzinfo=UTC)
 EPOCH_MAX = datetime(9000, 1, 1, tzinfo=UTC)
-TIME_FIELDS = ("acquireTime", "renewTime", "leaseUntil", "finishTime")
+TIME_FIELDS = ("acquireTime", "renewTime", "leaseUntil", "finishTime", "notBefore")
 
 
 class ModelError(Exception):

@@ -487,17 +487,19 @@ def test_phase_finished_is_exactly_completed_and_failed() -> None:
 def test_status_to_dict_writes_every_field_and_none_for_absent_ones() -> None:
     # None (not a missing key) is what makes a merge patch remove a field.
     st = LeaseStatus(Phase.HELD, "a", 2, 9, T0, T0 + US * 1000, T0 + timedelta(seconds=3), 1,
-                     T0, Completion(2, "a", T0, "r"), ({"type": "Held"},), "c1")
+                     T0, Completion(2, "a", T0, "r"), ({"type": "Held"},), "c1", T0, "Why", "m")
     assert st.to_dict() == {
         "phase": "Held", "holder": "a", "generation": 2, "epoch": 9,
         "acquireTime": T0_TEXT, "renewTime": "2026-12-02T12:00:00.001Z",
         "leaseUntil": "2026-12-02T12:00:03.000Z", "attempts": 1, "finishTime": T0_TEXT,
         "completion": {"generation": 2, "holder": "a", "time": T0_TEXT, "result": "r"},
-        "conditions": [{"type": "Held"}], "claimId": "c1"}
+        "conditions": [{"type": "Held"}], "claimId": "c1", "notBefore": T0_TEXT,
+        "reason": "Why", "message": "m"}
     assert LeaseStatus().to_dict() == {
         "phase": "Available", "holder": None, "generation": 0, "epoch": None,
         "acquireTime": None, "renewTime": None, "leaseUntil": None, "attempts": 0,
-        "finishTime": None, "completion": None, "conditions": [], "claimId": None}
+        "finishTime": None, "completion": None, "conditions": [], "claimId": None,
+        "notBefore": None, "reason": None, "message": None}
 
 
 def test_status_round_trips_and_reads_defaults() -> None:

@@ -57,6 +57,15 @@ class LeaseHeldError(LeaseUnavailableError):
         self.holder, self.generation, self.lease_until = holder, generation, lease_until
 
 
+class LeaseNotReadyError(LeaseUnavailableError):
+    """The lease rests after an attempt that ended without completion (``spec.backoff``)."""
+
+    def __init__(self, name: str, not_before: datetime, attempts: int) -> None:
+        super().__init__(name, f"lease {name!r} is backing off after {attempts} failed "
+                               f"attempt(s) until {format_time(not_before)} (server time)")
+        self.not_before, self.attempts = not_before, attempts
+
+
 class LeaseFinishedError(LeaseUnavailableError):
     """The lease is Completed or Failed and is never claimed again."""
 

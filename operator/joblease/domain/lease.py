@@ -60,6 +60,7 @@ from joblease.domain.errors import (
     LeaseExpiredError,
     LeaseFinishedError,
     LeaseHeldError,
+    LeaseNotReadyError,
     StaleLeaseError,
     format_time,
 )
@@ -85,6 +86,39 @@ class Phase(StrEnum):
 
 
 @dataclass(frozen=True)
+class Backoff:
+    """How long a lease rests after an attempt ended without completion (``spec.backoff``).
+
+    Why on the lease and not in the worker: every worker of a pool, and the operator, must
+    agree on when a failed job may run again, or the fastest worker retries it at once.
+    """
+
+    initial_seconds: int = 10
+    factor: float = 2.0
+    max_seconds: int = 300
+
+    def delay(self, attempts: int) -> timedelta:
+        """The rest after the ``attempts``-th failed attempt: initial * factor**(n-1), capped."""
+        if attempts <= 0:
+            return timedelta(0)
+        seconds = float(self.initial_seconds)
+        for _ in range(min(attempts - 1, 64)):  # bounded: factor >= 1, the cap stops it anyway
+            seconds *= self.factor
+            if seconds >= self.max_seconds:
+                break
+        return timedelta(seconds=min(seconds, float(self.max_seconds)))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Backoff | None:
+        """Read ``spec.backoff`` (``None`` when absent: retries may start at once)."""
+        if not data:
+            return None
+        return cls(initial_seconds=int(data.get("initialSeconds", 10)),
+                   factor=float(data.get("factor", 2.0)),
+                   max_seconds=int(data.get("maxSeconds", 300)))
+
+
+@dataclass(frozen=True)
 class LeaseSpec:
     """The user's wishes (``spec``); validated by the API server's schema before we see it."""
 
@@ -93,6 +127,12 @@ class LeaseSpec:
     max_attempts: int | None = None
     pod_delegation: bool = False
     delegation_service_account: str | None = None
+    priority: int = 0
+    backoff: Backoff | None = None
+
+    def retry_delay(self, attempts: int) -> timedelta:
+        """The backoff after ``attempts`` failed attempts (zero without ``spec.backoff``)."""
+        return self.backoff.delay(attempts) if self.backoff else timedelta(0)
 
     @property
     def duration(self) -> timedelta:
@@ -110,6 +150,8 @@ class LeaseSpec:
             max_attempts=_opt_int(spec.get("maxAttempts")),
             pod_delegation=bool(delegation.get("enabled", False)),
             delegation_service_account=delegation.get("serviceAccountName") or None,
+            priority=int(spec.get("priority") or 0),
+            backoff=Backoff.from_dict(spec.get("backoff")),
         )
 
 
@@ -150,6 +192,9 @@ class LeaseStatus:
     completion: Completion | None = None
     conditions: tuple[dict[str, Any], ...] = field(default=())
     claim_id: str | None = None
+    not_before: datetime | None = None
+    reason: str | None = None
+    message: str | None = None
 
     def token(self) -> FencingToken:
         """The current fencing token."""
@@ -170,6 +215,9 @@ class LeaseStatus:
             "completion": self.completion.to_dict() if self.completion else None,
             "conditions": list(self.conditions),
             "claimId": self.claim_id,
+            "notBefore": _fmt(self.not_before),
+            "reason": self.reason,
+            "message": self.message,
         }
 
     def changes_since(self, old: LeaseStatus) -> dict[str, Any]:
@@ -201,6 +249,9 @@ class LeaseStatus:
             completion=Completion.from_dict(data["completion"]) if data.get("completion") else None,
             conditions=tuple(data.get("conditions") or ()),
             claim_id=data.get("claimId") or None,
+            not_before=_opt_time(data.get("notBefore")),
+            reason=data.get("reason") or None,
+            message=data.get("message") or None,
         )
 
 
@@ -216,6 +267,7 @@ class Observed:
     spec: LeaseSpec
     status: LeaseStatus
     has_status: bool = True
+    created: datetime | None = None
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> Observed:
@@ -228,6 +280,7 @@ class Observed:
             spec=LeaseSpec.from_dict(obj.get("spec")),
             status=LeaseStatus.from_dict(obj.get("status")),
             has_status=bool(obj.get("status")),
+            created=_opt_time(meta.get("creationTimestamp")),
         )
 
 
@@ -268,19 +321,23 @@ def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
        *earliest* possible server time is past ``leaseUntil + margin``.
     4. A takeover of a lease that expired while held counts the lost attempt; if that
        exhausts ``maxAttempts`` the lease becomes Failed instead of being claimed.
-    5. Otherwise the caller becomes the holder at ``generation + 1`` under ``claim_id``; the
+    5. After an attempt that ended without completion the lease rests until ``notBefore``
+       (``spec.backoff``; for a Held lease that expired unnoticed, ``leaseUntil`` plus the
+       backoff the operator would have written), judged by the earliest server time.
+    6. Otherwise the caller becomes the holder at ``generation + 1`` under ``claim_id``; the
        first claim of an incarnation records its epoch (the resourceVersion it was decided
        from) unless the operator already did.
 
     Raises:
         LeaseFinishedError: step 2.
         LeaseHeldError: step 3.
+        LeaseNotReadyError: step 5.
     """
     st = obs.status
     if claim_id and st.phase == Phase.HELD and st.claim_id == claim_id and st.holder == holder:
         return None
     if st.phase.finished:
-        raise LeaseFinishedError(obs.name, st.phase.value, st.generation)
+        raise LeaseFinishedError(obs.name, st.phase.value, st.generation, st.message or "")
     attempts = st.attempts
     if st.phase == Phase.HELD and st.holder:
         if not is_expired(st.lease_until, now, margin):
@@ -289,15 +346,50 @@ def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
     if obs.spec.max_attempts is not None and attempts >= obs.spec.max_attempts:
         return _fail(obs, replace(st, attempts=attempts), now,
                      f"{attempts} attempts used of maxAttempts {obs.spec.max_attempts}")
+    rest_until = not_before(obs)
+    if rest_until is not None and now.earliest < rest_until:
+        raise LeaseNotReadyError(obs.name, rest_until, attempts)
     at = now.midpoint
     status = replace(
         st, phase=Phase.HELD, holder=holder, generation=st.generation + 1,
         epoch=st.epoch if st.epoch is not None else epoch_of(obs),
         acquire_time=at, renew_time=at, lease_until=add_time(at, obs.spec.duration),
-        attempts=attempts, claim_id=claim_id,
+        attempts=attempts, claim_id=claim_id, not_before=None,
     )
     message = f"claimed by {holder!r} at generation {status.generation}"
     return Transition("claimed", _conditions(status, obs, at, "Claimed", message), message)
+
+
+def not_before(obs: Observed) -> datetime | None:
+    """When the lease's backoff ends (server time); ``None`` when it is not resting.
+
+    ``status.notBefore`` as written by a failed release or the operator's expiry, or — for a
+    Held lease whose holder's lease ran out before the operator noticed — ``leaseUntil``
+    plus the backoff that expiry earns, so a claimer and the operator agree.
+    """
+    st = obs.status
+    if st.phase == Phase.HELD and st.holder and st.lease_until is not None:
+        if obs.spec.backoff is None:
+            return None
+        return add_time(st.lease_until, obs.spec.retry_delay(st.attempts + 1))
+    return st.not_before
+
+
+def claimable_at(obs: Observed, margin: timedelta) -> datetime | None:
+    """The earliest server time a claim may succeed, per the cached ``obs``; ``None``: never.
+
+    Pure and conservative, for a pool's choice and its wake-up time (``joblease.domain.pool``):
+    a claim is still decided by :func:`decide_claim` from the version it writes against.
+    ``EARLIEST_TIME`` means "now".
+    """
+    st = obs.status
+    if st.phase.finished:
+        return None
+    at = EARLIEST_TIME
+    if st.phase == Phase.HELD and st.holder:
+        at = add_time(st.lease_until, margin) if st.lease_until else EARLIEST_TIME
+    rest_until = not_before(obs)
+    return max(at, rest_until) if rest_until is not None else at
 
 
 def decide_renew(obs: Observed, claim: Claim, now: ServerNow, margin: timedelta) -> Transition:
@@ -359,7 +451,9 @@ def decide_release(obs: Observed, claim: Claim, now: ServerNow, margin: timedelt
                      f"{claim.holder!r} released generation {gen} as failed; {attempts} "
                      f"attempts used of maxAttempts {obs.spec.max_attempts}")
     status = replace(st, phase=Phase.AVAILABLE, holder=None, lease_until=None,
-                     attempts=attempts)
+                     attempts=attempts,
+                     not_before=add_time(at, obs.spec.retry_delay(attempts)) if failed
+                     and obs.spec.backoff else None)
     how = "as failed " if failed else ""
     message = f"released {how}by {claim.holder!r} at generation {gen}"
     return Transition("released", _conditions(status, obs, at, "Released", message), message)
@@ -381,7 +475,7 @@ def decide_expire(obs: Observed, now: ServerNow, margin: timedelta) -> Transitio
                      f"generation {st.generation} of {st.holder!r} expired; {attempts} attempts "
                      f"used of maxAttempts {obs.spec.max_attempts}")
     at = now.midpoint
-    status = replace(st, phase=Phase.EXPIRED, attempts=attempts)
+    status = replace(st, phase=Phase.EXPIRED, attempts=attempts, not_before=not_before(obs))
     message = (f"lease of {st.holder!r} at generation {st.generation} expired at "
                f"{format_time(st.lease_until) if st.lease_until else '?'}")
     return Transition("expired", _conditions(status, obs, at, "Expired", message), message)
@@ -467,7 +561,8 @@ def epoch_of(obs: Observed) -> int:
 
 def _fail(obs: Observed, st: LeaseStatus, now: ServerNow, why: str) -> Transition:
     at = now.midpoint
-    status = replace(st, phase=Phase.FAILED, lease_until=None, finish_time=at)
+    status = replace(st, phase=Phase.FAILED, lease_until=None, finish_time=at,
+                     not_before=None, reason="AttemptsExhausted", message=why[:1024])
     return Transition("failed", _conditions(status, obs, at, "AttemptsExhausted", why), why)
 
 

@@ -98,10 +98,10 @@ def test_generation_schema_keeps_every_field_of_the_crd() -> None:
     props = generation_schema()["properties"]
     assert set(props["spec"]["properties"]) == {
         "leaseDurationSeconds", "ttlSecondsAfterFinished", "maxAttempts", "description",
-        "podDelegation"}
+        "podDelegation", "priority", "backoff"}
     status = props["status"]["properties"]
     assert {k for k, v in status.items() if v.get("format") == K8S_DATE_TIME} == {
-        "acquireTime", "renewTime", "leaseUntil", "finishTime"}
+        "acquireTime", "renewTime", "leaseUntil", "finishTime", "notBefore"}
     assert status["completion"]["properties"]["time"]["format"] == K8S_DATE_TIME
     assert status["generation"]["maximum"] == 2**63 - 1
     assert status["attempts"]["maximum"] == 2**31 - 1
