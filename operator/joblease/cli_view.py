@@ -173,6 +173,8 @@ def describe(raw: dict[str, Any], events: Sequence[dict[str, Any]], now: ServerN
         "holder": st.holder, "epoch": st.epoch, "generation": st.generation,
         "token": str(st.token()) if st.epoch is not None else None,
         "claimId": st.claim_id, "attempts": st.attempts, "maxAttempts": spec.max_attempts,
+        "priority": spec.priority, "notBefore": _time(st.not_before),
+        "reason": st.reason, "message": st.message,
         "leaseDurationSeconds": spec.lease_duration_seconds,
         "acquireTime": _time(st.acquire_time), "renewTime": _time(st.renew_time),
         "leaseUntil": _time(st.lease_until), "finishTime": _time(st.finish_time),
@@ -218,6 +220,8 @@ def render_describe(data: dict[str, Any]) -> str:
              field("Token", (f"{data['token']} (epoch {data['epoch']}, generation "
                              f"{data['generation']})") if data["token"] else None),
              field("Claim id", data["claimId"]), field("Attempts", attempts),
+             field("Priority", data["priority"]), field("Not before", data["notBefore"]),
+             field("Reason", " ".join(x for x in (data["reason"], data["message"]) if x)),
              field("Duration", f"{data['leaseDurationSeconds']}s"),
              field("Acquired", data["acquireTime"]), field("Renewed", data["renewTime"]),
              field("Lease until", data["leaseUntil"]), field("Time left", left_text),
