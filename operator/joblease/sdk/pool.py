@@ -89,6 +89,7 @@ class Pool:
         self._synced = False
         self._trouble: BaseException | None = None
         self._closed = False
+        self._claiming: set[str] = set()  # names this pool's threads are claiming now
         self.feed = LeaseFeed(client.store, client.namespace, selector,
                               watch_seconds=watch_seconds)
         self._thread = threading.Thread(target=self._run_feed, daemon=True,
@@ -131,7 +132,12 @@ class Pool:
             chosen = self._choose_or_wait(who, deadline, width, until_empty)
             if chosen is None:
                 return None
-            lease = self._claim(chosen, who, deadline)
+            try:
+                lease = self._claim(chosen, who, deadline)
+            finally:
+                with self._changed:
+                    self._claiming.discard(chosen.name)
+                    self._bump()  # a sibling thread waiting on this name may choose again
             if lease is not None:
                 return lease
 
@@ -214,8 +220,9 @@ class Pool:
                 seen = self._changes
                 margin = self._client.margin()
                 now = self._client.api.server_now()
-                chosen = self._view.choose(who, now, margin, spread)
+                chosen = self._view.choose(who, now, margin, spread, exclude=self._claiming)
                 if chosen is not None:
+                    self._claiming.add(chosen.name)
                     return chosen
                 if until_empty and self._view.unfinished() == 0:
                     return None
@@ -299,7 +306,6 @@ class Pool:
         with self._changed:
             self._view.learn(outcome.observed)
             self.claims += 0 if failed else 1
-            self._bump()
         if failed:
             return None  # the claim found the last attempt used up and wrote Failed
         return lease(self._client, who, claim_id, outcome)
