@@ -33,7 +33,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from joblease.domain.errors import LeaseNotFoundError, LeaseUnavailableError
+from joblease.domain.errors import JobleaseError, LeaseNotFoundError, LeaseUnavailableError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
 from joblease.kube.api import ApiError, ConflictError, UnavailableError
@@ -49,8 +49,31 @@ LOST_ANSWER_PAUSE_MAX = 2.0
 log = logging.getLogger(__name__)
 
 
-class PoolClosedError(RuntimeError):
-    """The pool was closed (a programming error: claiming from a closed pool)."""
+class PoolClosedError(JobleaseError, RuntimeError):
+    """The pool was closed, or its watch stopped on an unexpected error (named as the cause)."""
+
+
+class _Sink:
+    """What the feed's thread calls (``joblease.kube.pool.FeedSink``), kept off Pool's surface."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def replace(self, items: list[Observed], resource_version: str) -> None:
+        """A complete list: the view starts over."""
+        self._pool._replace(items, resource_version)
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        """A watch event."""
+        self._pool._apply(event_type, obs)
+
+    def bookmark(self, resource_version: str) -> None:
+        """A BOOKMARK: the resume point moved."""
+        self._pool._bookmark(resource_version)
+
+    def trouble(self, error: ApiError) -> None:
+        """A list or watch failed: a claimer that never saw a list may raise it."""
+        self._pool._report(error)
 
 
 class Pool:
@@ -170,33 +193,29 @@ class Pool:
 
     # -- the feed's side (its own thread) ----------------------------------------------------
 
-    def replace(self, items: list[Observed], resource_version: str) -> None:
-        """The feed listed: start the view over (``FeedSink``)."""
+    def _replace(self, items: list[Observed], resource_version: str) -> None:
         with self._changed:
             self._view.replace(items, resource_version)
             self._synced, self._trouble = True, None
             self._bump()
 
-    def apply(self, event_type: str, obs: Observed) -> None:
-        """A watch event (``FeedSink``)."""
+    def _apply(self, event_type: str, obs: Observed) -> None:
         with self._changed:
             self._view.apply(event_type, obs)
             self._bump()
 
-    def bookmark(self, resource_version: str) -> None:
-        """A BOOKMARK: nothing changed, the resume point moved (``FeedSink``)."""
+    def _bookmark(self, resource_version: str) -> None:
         with self._changed:
             self._view.bookmark(resource_version)
 
-    def trouble(self, error: ApiError) -> None:
-        """A list or watch failed (``FeedSink``): a waiter that never synced may raise it."""
+    def _report(self, error: ApiError) -> None:
         with self._changed:
             self._trouble = error
             self._bump()
 
     def _run_feed(self) -> None:
         try:
-            self.feed.run(self)
+            self.feed.run(_Sink(self))
         except Exception as err:  # a bug must not leave claimers waiting on a dead feed
             log.exception("JobLease pool %r: the watch stopped", self.selector)
             with self._changed:
