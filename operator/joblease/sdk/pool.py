@@ -113,6 +113,7 @@ class Pool:
         self._trouble: BaseException | None = None
         self._closed = False
         self._claiming: set[str] = set()  # names this pool's threads are claiming now
+        self._dead: Exception | None = None  # what stopped the feed's thread, if not close()
         self.feed = LeaseFeed(client.store, client.namespace, selector,
                               watch_seconds=watch_seconds)
         self._thread = threading.Thread(target=self._run_feed, daemon=True,
@@ -136,8 +137,8 @@ class Pool:
                 pool (``joblease work --until-empty``) instead of waiting for new ones.
 
         Returns:
-            The held ``Lease``, or ``None`` when the timeout passed (or, with
-            ``until_empty``, the pool is empty).
+            The held ``Lease``, or ``None`` when the timeout passed, the pool was closed
+            (a waiting call returns at once), or, with ``until_empty``, the pool is empty.
 
         Raises:
             UnavailableError: the pool could not list its leases before the timeout, or a
@@ -146,6 +147,7 @@ class Pool:
             ApiError: the API server refuses the list or watch (``ForbiddenError``:
                 RBAC must allow ``list`` and ``watch`` on jobleases), or a claim
                 (``ForbiddenError`` from the holder-only admission policy).
+            PoolClosedError: the pool's watch stopped on an unexpected error (its cause).
         """
         self._client._calibrate_if_due()
         who = self._client.resolve_holder(holder)
@@ -219,7 +221,7 @@ class Pool:
         except Exception as err:  # a bug must not leave claimers waiting on a dead feed
             log.exception("JobLease pool %r: the watch stopped", self.selector)
             with self._changed:
-                self._trouble = err
+                self._dead = err
                 self._closed = True
                 self._changed.notify_all()
 
@@ -235,7 +237,9 @@ class Pool:
         with self._changed:
             self._wait_synced(deadline)
             while True:
-                self._check_open()
+                if self._closed:
+                    self._raise_if_dead()
+                    return None  # closed under a waiting claim: a worker's loop ends
                 seen = self._changes
                 margin = self._client.margin()
                 now = self._client.api.server_now()
@@ -271,8 +275,7 @@ class Pool:
 
     def _wait_synced(self, deadline: float | None) -> None:
         """Block (holding the condition) until the first list arrived (or raise)."""
-        while not self._synced:
-            self._check_open()
+        while not self._synced and not self._closed:
             if self._trouble is not None and not isinstance(self._trouble, UnavailableError):
                 raise self._trouble  # 403, 404 (no CRD), 400 (bad selector): not transient
             left = None if deadline is None else deadline - time.monotonic()
@@ -283,12 +286,10 @@ class Pool:
                                        "list of its leases within the timeout")
             self._changed.wait(timeout=left)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            if self._trouble is not None and not isinstance(self._trouble, ApiError):
-                raise PoolClosedError(f"JobLease pool {self.selector!r}: its watch "
-                                      f"stopped: {self._trouble!r}") from self._trouble
-            raise PoolClosedError(f"JobLease pool {self.selector!r} is closed")
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise PoolClosedError(f"JobLease pool {self.selector!r}: its watch stopped: "
+                                  f"{self._dead!r}") from self._dead
 
     # -- claiming ---------------------------------------------------------------------------
 
