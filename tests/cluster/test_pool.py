@@ -168,6 +168,7 @@ def test_a_waiting_claim_wakes_when_a_job_is_created_or_released(
     create(admin, "new-job")
     thread.join(12)
     assert result["lease"] is not None and result["lease"].name == "new-job"
+    print(f"woke {result['at'] - created:.3f}s after the create was sent")
     assert result["at"] - created < WAKE_BOUND, f"woke {result['at'] - created:.3f}s late"
 
     result["lease"].release()
@@ -180,6 +181,7 @@ def test_a_waiting_claim_wakes_when_a_job_is_created_or_released(
     held.release()
     thread.join(12)
     assert result["lease"] is not None and result["lease"].generation == 3
+    print(f"woke {result['at'] - released:.3f}s after the release was sent")
     assert result["at"] - released < WAKE_BOUND, f"woke {result['at'] - released:.3f}s late"
     pool.close()
 
@@ -200,6 +202,7 @@ def test_a_waiting_claim_wakes_at_lease_until_plus_margin_when_the_holder_stops(
     expected = worker.api.clock.monotonic_certain(add_time(stopped.lease_until,
                                                           worker.margin()))
     late = result["at"] - expected
+    print(f"woke {late:+.3f}s from leaseUntil + margin")
     assert -0.05 < late < WAKE_BOUND, f"woke {late:+.3f}s from leaseUntil + margin"
     assert pool.feed.counts.events - events <= 1  # at most the echo of its own claim
     pool.close()
@@ -218,6 +221,7 @@ def test_backoff_is_respected_after_a_failed_release_and_after_an_expiry(
     thread.join(12)
     assert result["lease"] is not None and result["lease"].name == "fails"
     late = result["at"] - worker.api.clock.monotonic_certain(rest_end)
+    print(f"woke {late:+.3f}s from notBefore")
     assert -0.05 < late < WAKE_BOUND, f"woke {late:+.3f}s from notBefore"
     result["lease"].complete()
 
@@ -229,6 +233,7 @@ def test_backoff_is_respected_after_a_failed_release_and_after_an_expiry(
     thread.join(12)
     assert result["lease"] is not None and result["lease"].name == "expires"
     late = result["at"] - worker.api.clock.monotonic_certain(rest_end)
+    print(f"woke {late:+.3f}s from leaseUntil + backoff")
     assert -0.05 < late < WAKE_BOUND, f"woke {late:+.3f}s from leaseUntil + backoff"
     assert worker.get("expires").status.attempts == 1
     pool.close()
@@ -242,7 +247,12 @@ def test_a_timeout_returns_none_and_until_empty_returns_at_once(leases: LeaseCli
     start = time.monotonic()
     assert pool.claim_next("w", until_empty=True) is None  # timeout=None, yet at once
     assert time.monotonic() - start < 0.1
-    pool.close()
+    thread, result = claim_in_thread(pool, "w", timeout=None)  # waits forever...
+    time.sleep(0.3)
+    closed = time.monotonic()
+    pool.close()  # ...until the pool is closed under it
+    thread.join(5)
+    assert result == {"lease": None, "at": pytest.approx(closed, abs=WAKE_BOUND)}
 
 
 # --- priorities -----------------------------------------------------------------------------
