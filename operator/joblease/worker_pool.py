@@ -51,11 +51,11 @@ MAX_UNAVAILABLE_PAUSE = 5.0
 class ClaimSource(Protocol):
     """What a pool worker needs from ``LeaseClient.pool(selector)``."""
 
-    def claim_next(self, holder: str | None = None, *,
-                   timeout: float | None = None) -> Lease | None:
+    def claim_next(self, holder: str | None = None, *, timeout: float | None = None,
+                   until_empty: bool = False) -> Lease | None:
         """Claim the pool's next job, waiting up to ``timeout``; ``None`` if none came."""
 
-    def unfinished(self) -> int:
+    def unfinished(self, timeout: float = ...) -> int:
         """How many JobLeases of the selector are not Completed or Failed."""
 
 
@@ -233,7 +233,8 @@ class WorkPool:
             while not self.draining.is_set():
                 try:
                     lease = self.pool.claim_next(self.options.holder,
-                                                 timeout=self.options.poll)
+                                                 timeout=self.options.poll,
+                                                 until_empty=self.options.until_empty)
                 except UnavailableError as err:
                     unavailable += 1
                     self._pause_after(err, unavailable)
@@ -243,6 +244,8 @@ class WorkPool:
                     self._claim_rounds += 1
                 if lease is not None:
                     self._run(lease)
+                elif self.options.until_empty:
+                    self.draining.wait(0.1)  # an empty pool answers at once: do not spin
         except ApiError as err:
             self._give_up(err)
         except BaseException as err:  # a slot never dies silently: the worker drains
