@@ -20,7 +20,6 @@ Time is passed in: the simulator owns the one true timeline.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -93,17 +92,17 @@ class ModelServer:
                "metadata": {**self._metadata(name, labels), "generation": 1},
                "spec": {"leaseDurationSeconds": 30, **spec}}
         self.objects[name] = obj
-        self.events.append(Event("ADDED", copy.deepcopy(obj)))
-        return copy.deepcopy(obj)
+        self.events.append(Event("ADDED", clone(obj)))
+        return clone(obj)
 
     def get(self, name: str) -> dict[str, Any]:
         try:
-            return copy.deepcopy(self.objects[name])
+            return clone(self.objects[name])
         except KeyError:
             raise ModelError(404, f'jobleases "{name}" not found') from None
 
     def list(self) -> list[dict[str, Any]]:
-        return [copy.deepcopy(o) for o in self.objects.values()]
+        return [clone(o) for o in self.objects.values()]
 
     def delete(self, name: str) -> None:
         obj = self.objects.pop(name, None)
@@ -118,7 +117,7 @@ class ModelServer:
         if obj is not None:
             self.revision += 1
             obj["metadata"]["resourceVersion"] = str(self.revision)
-            self.events.append(Event("MODIFIED", copy.deepcopy(obj)))
+            self.events.append(Event("MODIFIED", clone(obj)))
 
     def patch_status(self, name: str, patch: dict[str, Any], user: str | None = None
                      ) -> dict[str, Any]:
@@ -128,7 +127,7 @@ class ModelServer:
             raise ModelError(404, f'jobleases "{name}" not found')
         _check_version(obj, patch)
         old = obj.get("status") or {}
-        new = merge(copy.deepcopy(old), patch.get("status") or {})
+        new = merge(clone(old), patch.get("status") or {})
         problem = status_violation(old, new, first="status" not in obj)
         if problem is not None:
             raise ModelError(422, f'JobLease.joblease.dev "{name}" is invalid: {problem}')
@@ -140,8 +139,8 @@ class ModelServer:
         self.revision += 1
         obj["status"] = new
         obj["metadata"]["resourceVersion"] = str(self.revision)
-        self.events.append(Event("MODIFIED", copy.deepcopy(obj)))
-        return copy.deepcopy(obj)
+        self.events.append(Event("MODIFIED", clone(obj)))
+        return clone(obj)
 
     # -- pods ---------------------------------------------------------------------------------
     def create_pod(self, name: str, labels: dict[str, str], service_account: str = "default",
@@ -156,12 +155,12 @@ class ModelServer:
                "status": {"phase": "Running", "conditions": [
                    {"type": "Ready", "status": "True" if ready else "False"}]}}
         self.pods[name] = obj
-        self.pod_events.append(Event("ADDED", copy.deepcopy(obj)))
-        return copy.deepcopy(obj)
+        self.pod_events.append(Event("ADDED", clone(obj)))
+        return clone(obj)
 
     def get_pod(self, name: str) -> dict[str, Any]:
         try:
-            return copy.deepcopy(self.pods[name])
+            return clone(self.pods[name])
         except KeyError:
             raise ModelError(404, f'pods "{name}" not found') from None
 
@@ -180,7 +179,7 @@ class ModelServer:
         if uid is not None and uid != obj["metadata"]["uid"]:
             raise ModelError(409, f"Precondition failed: UID in precondition: {uid}, UID in "
                                   f"object meta: {obj['metadata']['uid']}")
-        new = merge(copy.deepcopy(obj), patch)
+        new = merge(clone(obj), patch)
         if self.admission and user == self.operator:
             problem = operator_pod_violation(obj, new)
             if problem is not None:
@@ -214,8 +213,8 @@ class ModelServer:
         self.revision += 1
         obj["metadata"]["resourceVersion"] = str(self.revision)
         self.pods[name] = obj
-        self.pod_events.append(Event("MODIFIED", copy.deepcopy(obj)))
-        return copy.deepcopy(obj)
+        self.pod_events.append(Event("MODIFIED", clone(obj)))
+        return clone(obj)
 
 
 def _check_version(obj: dict[str, Any], patch: dict[str, Any]) -> None:
@@ -223,6 +222,16 @@ def _check_version(obj: dict[str, Any], patch: dict[str, Any]) -> None:
     if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
         raise ModelError(409, "the object has been modified; please apply your changes "
                               "to the latest version and try again")
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of JSON-shaped data (dicts, lists, scalars): ``copy.deepcopy``'s result,
+    several times faster (the simulator copies every object it serves)."""
+    if type(value) is dict:
+        return {key: clone(item) for key, item in value.items()}
+    if type(value) is list:
+        return [clone(item) for item in value]
+    return value
 
 
 def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -233,7 +242,7 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
         elif isinstance(value, dict) and isinstance(target.get(key), dict):
             target[key] = merge(target[key], value)
         else:
-            target[key] = copy.deepcopy(value)
+            target[key] = clone(value)
     return target
 
 

@@ -101,7 +101,7 @@ class PoolWatch:
             event = events[self.seen]
             self.seen += 1
             if in_pool(event.obj):
-                self.view.apply(event.type, Observed.from_object(event.obj))
+                self.view.apply(event.type, sim.observed_event(self.seen - 1))
 
     def next_arrival(self) -> float | None:
         """The true time the next pending pool event reaches this worker (``None``: none)."""

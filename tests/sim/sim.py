@@ -36,11 +36,13 @@ real ``LeaseClient.claim``; jobs with random priorities, maxAttempts and backoff
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+from joblease.controller.pods import Delegator, PodView
 from joblease.controller.reconciler import LeaseView, Reconciler
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
@@ -49,21 +51,26 @@ from joblease.domain.errors import (
     LeaseHeldError,
     LeaseLostError,
 )
-from joblease.domain.lease import Observed, parse_time
+from joblease.domain.lease import Observed
+from joblease.domain.lease import parse_time as _parse_time
 from joblease.domain.token import FencingToken
 from joblease.fencing.check import TokenGate
 from joblease.fencing.errors import StaleTokenError
 from joblease.kube.leases import LeaseStore
+from joblease.kube.pods import PodInfo, PodStore
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, new_claim_id
 from joblease.sdk.hold import RENEW_FRACTION, retry_delay
 
 from .model import ModelServer
+from .pods import PodChurn, annotation_violation, delegated_jobs, delegation_violation
 from .pool import POOL_LABEL, PoolWatch, claimable_in_view, draw_jobs, rest_end
 from .world import BASE, Faults, LocalClock, SimApi, World
 
+parse_time = functools.lru_cache(maxsize=4096)(_parse_time)  # the oracles re-read the same
 POLL = 0.5  # LeaseClient.wait_claim's default poll
-ORPHAN_AFTER = 5.0  # seconds a claim may stay unadopted (its retries back off 0.2 s)
-ORACLES = "abcdefghij"
+ORPHAN_AFTER = 5.0  # seconds a claim may stay unadopted (its retries back off 0.2 s) ...
+HUNG_RETRY = 2 * 10.0 + 0.2  # ... or, after a hung request, this long (timeout, then a wait)
+ORACLES = "abcdefghijk"
 DRAIN = 300.0  # seconds a run may go on past its horizon while pool jobs are open
 
 
@@ -91,6 +98,7 @@ class Config:
     pool_fail: float = 0.0  # probability that a pool holding ends in release(failed=True)
     pool_effects: int = 2
     admission: bool = False  # the chart's admission policies; holders are usernames then
+    pods: bool = False  # pods that delegate leases to the operator, and their churn
 
     @classmethod
     def draw(cls, world: World) -> Config:
@@ -106,7 +114,8 @@ class Config:
                    operator_crash=r.choice([0.0, 0.01]), seconds=r.choice([20.0, 40.0]),
                    effects=r.choice([1, 3, 10, 40]), pool_workers=r.choice([0, 2, 3, 5]),
                    pool_jobs=r.randint(2, 8), pool_fail=r.choice([0.0, 0.2, 0.4]),
-                   pool_effects=r.choice([1, 2, 4]), admission=r.random() < 0.5)
+                   pool_effects=r.choice([1, 2, 4]), admission=r.random() < 0.5,
+                   pods=r.random() < 0.5)
 
 
 @dataclass
@@ -218,6 +227,11 @@ class Oracles:
         """Every status write the server accepted (c; j for claims; a claim's adoption: f)."""
         if after.get("generation", 0) > before.get("generation", 0):
             self.check_rest(writer, name, before)
+        if writer == "operator":
+            problem = delegation_violation(self.sim, name, before, after,
+                                           self.sim.operator.pod_lag + 0.02)
+            if problem is not None:
+                self.fail("k", problem)
         if writer != "operator" and after.get("generation", 0) != before.get("generation", 0):
             token = FencingToken(int(after.get("epoch") or 0), int(after["generation"]))
             self.pending[(name, token)] = (writer, self.sim.world.now)
@@ -226,9 +240,19 @@ class Oracles:
         token = FencingToken(int(after.get("epoch") or 0), int(after.get("generation", 0)))
         claim = self.claims.get((name, token))
         if claim is None or claim.worker != writer or claim.incarnation != incarnation:
+            if after.get("phase") == "Failed" and self._ended(before):
+                return  # a claim that found the lease ended and its attempts used up
             owner = f"{claim.worker} (incarnation {claim.incarnation})" if claim else "nobody"
             self.fail("c", f"{writer}'s write on {name} ({before.get('phase')} → "
                            f"{after.get('phase')}) accepted under token {token} of {owner}")
+
+    def _ended(self, before: dict[str, Any]) -> bool:
+        """Whether the claim ``before`` records has ended on the true timeline (or, beyond
+        the drift bound, may be judged ended early: there only fencing is checked)."""
+        until = before.get("leaseUntil")
+        if before.get("phase") != "Held" or not until or self.sim.config.beyond_drift:
+            return True
+        return self.sim.world.server_time(serving=True) >= parse_time(until)
 
     def check_rest(self, writer: str, name: str, before: dict[str, Any]) -> None:
         """Oracle j: a claim is accepted only once the lease's rest is over (server time)."""
@@ -268,7 +292,8 @@ class Oracles:
         """Oracle g, and f for claims the server accepted but no live worker adopted."""
         sim = self.sim
         for key, (writer, at) in list(self.pending.items()):
-            if sim.world.now - at > ORPHAN_AFTER:
+            hung = sim.hung_at.get(writer, -1e9)  # a hung request delays the adoption
+            if sim.world.now - at > ORPHAN_AFTER and sim.world.now - hung > HUNG_RETRY:
                 del self.pending[key]
                 if writer not in sim.world.dead and sim.liveness_applies(orphans=True):
                     self.fail("f", f"{writer}'s claim {key[1]} of {key[0]} was accepted but "
@@ -512,7 +537,7 @@ class PoolWorker(Worker):
         try:
             now, margin = self.api.server_now(), self.client.margin()
         except Exception:
-            self.schedule(0.2 + self.api.blocked, self.claim)
+            self.schedule(0.2, self.claim)
             return
         chosen = self.pool.view.choose(self.holder, now, margin)
         if chosen is None:
@@ -532,7 +557,7 @@ class PoolWorker(Worker):
             return
         except Exception:  # unknown: the claim may have landed; ask again with its id
             self.retry = (name, claim_id)
-            self.schedule(0.2 + self.api.blocked, self.claim)
+            self.schedule(0.2, self.claim)  # (after a hung request's timeout, already spent)
             return
         finally:
             self.sim.pool_conflicts += self.api.conflicts - conflicts
@@ -601,7 +626,8 @@ class PoolWorker(Worker):
 
 
 class Operator:
-    """The real ``Reconciler`` over a watch fed from the model's event log (with gaps)."""
+    """The real ``Reconciler`` and ``Delegator`` over watches fed from the model's event logs
+    (with gaps; pod events also with a lag), each in its own loop, as in the runtime."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -609,17 +635,57 @@ class Operator:
         self.clock = LocalClock(world.rng.uniform(0, 1e4),
                                 world.rng.uniform(-sim.config.drift, sim.config.drift))
         self.api = SimApi(world, sim.server, self.clock, "operator")
+        self.pod_lag = world.rng.choice([0.0, 0.05, 0.5])
+        self.incarnation = 0
         self.start()
 
     def start(self) -> None:
+        self.incarnation += 1
         self.view = LeaseView()
+        margin = DEFAULT_MARGIN + timedelta(milliseconds=5)
         self.reconciler = Reconciler(LeaseStore(self.api), self.view,  # type: ignore[arg-type]
-                                     DEFAULT_MARGIN + timedelta(milliseconds=5))
+                                     margin)
+        self.pod_view = PodView()
+        self.delegator = Delegator(LeaseStore(self.api), PodStore(self.api),  # type: ignore[arg-type]
+                                   self.view, self.pod_view, margin)
         self.seen = len(self.sim.server.events)
         for obj in self.sim.server.list():  # the initial list
             self._put(obj)
+        self._relist_pods()
         self.sim.operator_up, self.sim.operator_since = True, self.sim.world.now
         self.sim.world.after(0.01, self.tick, "operator")
+        if self.sim.config.pods:
+            incarnation = self.incarnation
+            self.sim.world.after(0.02, lambda: self.delegate(incarnation), "operator")
+
+    def _relist_pods(self) -> None:
+        self.pod_view = self.delegator.pod_view = PodView()
+        for obj in self.sim.server.pods.values():
+            self.pod_view.put(PodInfo.from_object(obj))
+        self.pods_seen = len(self.sim.server.pod_events)
+
+    def delegate(self, incarnation: int) -> None:
+        """One pass of the delegation loop (it ends when this operator process crashed)."""
+        sim = self.sim
+        if incarnation != self.incarnation or not sim.operator_up:
+            return
+        self.api.elapsed = 0.0
+        if sim.world.rng.random() < 0.02:  # a watch gap: resume by relisting
+            self._relist_pods()
+        stamps, events = sim.pod_event_times, sim.server.pod_events
+        while self.pods_seen < len(stamps) and \
+                stamps[self.pods_seen] + self.pod_lag <= sim.world.now:
+            event = events[self.pods_seen]
+            self.pods_seen += 1
+            pod = PodInfo.from_object(event.obj)
+            if event.type == "DELETED":
+                self.pod_view.drop(pod)
+            else:
+                self.pod_view.put(pod)
+        wait = self.delegator.pass_once()
+        sim.ops += 1
+        sim.world.after(self.api.elapsed + min(wait, 1.0), lambda: self.delegate(incarnation),
+                        "operator")
 
     def _put(self, obj: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):  # an unreadable object: skipped, like the handler
@@ -634,7 +700,7 @@ class Operator:
             return
         if sim.world.rng.random() < 0.02:  # a watch gap: resume by relisting
             self.view = LeaseView()
-            self.reconciler.view = self.view
+            self.reconciler.view = self.delegator.lease_view = self.view
             for obj in sim.server.list():
                 self._put(obj)
         else:
@@ -669,7 +735,11 @@ class Simulation:
         self.lease_names = [f"job-{i}" for i in range(self.config.leases)]
         self.pool_names: list[str] = []
         self.event_times: list[float] = []  # when each of server.events happened (true time)
+        self.pod_event_times: list[float] = []
+        self.pods = PodChurn(self)
         self.pool_claims = self.pool_conflicts = 0
+        self._parsed: dict[int, Observed] = {}
+        self.hung_at: dict[str, float] = {}  # worker → when its last hung request was sent
         self.drained = False
         self.hostile_name = "hostile" if self.config.hostile else ""
         self.target = TokenGate()
@@ -700,6 +770,17 @@ class Simulation:
 
         self._writer = "operator"
         self.server.patch_status = recorded  # type: ignore[method-assign]
+        patch_pod = self.server.patch_pod
+
+        def annotated(name: str, body: dict[str, Any], user: str | None = None
+                      ) -> dict[str, Any]:
+            after = patch_pod(name, body, user)
+            problem = annotation_violation(after)
+            if problem is not None:
+                self.oracles.fail("k", problem)
+            return after
+
+        self.server.patch_pod = annotated  # type: ignore[method-assign]
 
     def run(self) -> Simulation:
         for name in self.lease_names:
@@ -715,6 +796,10 @@ class Simulation:
                                     if self.config.pool_workers else 0):
             self.server.create(name, spec, labels=dict([POOL_LABEL]))
             self.pool_names.append(name)
+        if self.config.pods:
+            for name, spec in delegated_jobs(self.world.rng):
+                self.server.create(name, spec)
+            self.pods.start()
         self.operator = Operator(self)
         for _ in range(self.config.workers):
             self.spawn(Worker)
@@ -729,12 +814,22 @@ class Simulation:
         self.oracles.at_end()
         return self
 
+    def observed_event(self, index: int) -> Observed:
+        """``server.events[index]`` parsed once for every watcher (events never change)."""
+        obs = self._parsed.get(index)
+        if obs is None:
+            obs = self._parsed[index] = Observed.from_object(self.server.events[index].obj)
+        return obs
+
     def open_pool_jobs(self) -> int:
         return sum(1 for name in self.pool_names if (self.server.objects[name].get("status")
                    or {}).get("phase") not in ("Completed", "Failed"))
 
     def each(self) -> None:
         """After every event: stamp new watch events, wake idle pool workers, check."""
+        if len(self.pod_event_times) < len(self.server.pod_events):
+            self.pod_event_times.extend([self.world.now] * (len(self.server.pod_events)
+                                                            - len(self.pod_event_times)))
         stamped = len(self.event_times)
         if stamped < len(self.server.events):
             self.event_times.extend([self.world.now] * (len(self.server.events) - stamped))
@@ -756,6 +851,7 @@ class Simulation:
                 return api_request(method, path, body, **kwargs)
             finally:
                 self._writer = "operator"
+                self.hung_at[worker.name] = worker.api.hung_at
 
         worker.api.request = request  # type: ignore[method-assign]
         worker.schedule(self.world.rng.uniform(0, 0.5), worker.claim)
@@ -816,7 +912,7 @@ def shrink(seed: int, config: Config | None = None) -> Simulation:
         lambda c: replace(c, leases=max(1, c.leases - 1)),
         lambda c: replace(c, pool_workers=max(0, c.pool_workers - 1)),
         lambda c: replace(c, pool_jobs=max(1, c.pool_jobs - 1)),
-        lambda c: replace(c, admission=False),
+        lambda c: replace(c, admission=False), lambda c: replace(c, pods=False),
         lambda c: replace(c, pause=0.0), lambda c: replace(c, crash=0.0),
         lambda c: replace(c, recreate=0.0), lambda c: replace(c, operator_crash=0.0),
         lambda c: replace(c, hostile=False),

@@ -136,6 +136,7 @@ class SimApi:
         self.elapsed = 0.0  # true seconds this process has spent inside the current step
         self.requests = 0
         self.blocked = 0.0  # true seconds the current step is blocked by a hung request
+        self.hung_at = -1e9  # true time this process's last hung request was sent
         self.conflicts = 0  # 409 answers to writes (a pool's wasted attempts)
         self.forbidden = 0  # 403 answers: an admission policy refused a write
 
@@ -163,7 +164,14 @@ class SimApi:
         self.requests += 1
         fault = self.faults.draw(self.world.rng) if path != "/version" else None
         sent = self.monotonic()
+        if self.blocked:
+            # The world stands still during a step, so a process that waited out a hung
+            # request cannot see what happened meanwhile: for the rest of this step the
+            # server stays unreachable (its next step sees the world as it then is).
+            self.elapsed += self.rtt
+            raise UnavailableError(0, "Unavailable", f"{method} {path}: still no answer")
         if fault == "hung":
+            self.hung_at = self.world.now + self.elapsed
             self.elapsed += timeout
             self.blocked += timeout
             raise UnavailableError(0, "Unavailable", f"{method} {path}: read timed out")
