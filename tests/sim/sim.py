@@ -31,6 +31,12 @@ real ``LeaseClient.claim``; jobs with random priorities, maxAttempts and backoff
   j. no claim is accepted before the lease's rest ends (``status.notBefore``, or for a Held
      lease that ran out, ``leaseUntil`` plus the backoff its expiry earns) on the true
      server timeline (within the drift bound).
+
+Pod delegation (the operator's real ``Delegator``; pods.py): oracle k. And with the chart's
+admission policies in the model (half the runs; holders are then usernames):
+  l. no write of joblease's own code is ever refused by a policy (403): claims, renewals,
+     completions and releases (own-write recognition included) by workers and pool
+     workers, the operator's writes and its token annotations on pods.
 """
 
 from __future__ import annotations
@@ -61,7 +67,7 @@ from joblease.kube.pods import PodInfo, PodStore
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, new_claim_id
 from joblease.sdk.hold import RENEW_FRACTION, retry_delay
 
-from .model import ModelServer
+from .model import ModelError, ModelServer
 from .pods import PodChurn, annotation_violation, delegated_jobs, delegation_violation
 from .pool import POOL_LABEL, PoolWatch, claimable_in_view, draw_jobs, rest_end
 from .world import BASE, Faults, LocalClock, SimApi, World
@@ -70,7 +76,7 @@ parse_time = functools.lru_cache(maxsize=4096)(_parse_time)  # the oracles re-re
 POLL = 0.5  # LeaseClient.wait_claim's default poll
 ORPHAN_AFTER = 5.0  # seconds a claim may stay unadopted (its retries back off 0.2 s) ...
 HUNG_RETRY = 2 * 10.0 + 0.2  # ... or, after a hung request, this long (timeout, then a wait)
-ORACLES = "abcdefghijk"
+ORACLES = "abcdefghijkl"
 DRAIN = 300.0  # seconds a run may go on past its horizon while pool jobs are open
 
 
@@ -200,8 +206,16 @@ class Oracles:
             self.fail("h", f"{lease.name} completed twice: by {believers}")
 
     def at_end(self) -> None:
-        """Oracle h: each Completed job's record is a real claim's; every job has ended."""
+        """Oracle h: each Completed job's record is a real claim's; every job has ended.
+        Oracle l: no admission policy refused any of joblease's writes."""
         sim = self.sim
+        known = sim.exhausted_takeovers_refused
+        refused = {w.name: w.api.forbidden - known[w.name] for w in sim.workers
+                   if w.api.forbidden > known[w.name]}
+        if sim.operator.api.forbidden:
+            refused["operator"] = sim.operator.api.forbidden
+        if refused:
+            self.fail("l", f"admission policies refused writes: {refused}")
         for name in sim.pool_names:
             obj = sim.server.objects[name]
             status = obj.get("status") or {}
@@ -227,6 +241,7 @@ class Oracles:
         """Every status write the server accepted (c; j for claims; a claim's adoption: f)."""
         if after.get("generation", 0) > before.get("generation", 0):
             self.check_rest(writer, name, before)
+            self.sim.delegated_claims += writer == "operator"
         if writer == "operator":
             problem = delegation_violation(self.sim, name, before, after,
                                            self.sim.operator.pod_lag + 0.02)
@@ -400,7 +415,7 @@ class Worker:
         self.schedule(self.sim.world.rng.uniform(0, self.interval), self.act, self.command)
 
     def pick_another(self) -> None:
-        open_ = [n for n, o in self.sim.server.objects.items() if n in self.sim.lease_names
+        open_ = [n for n, o in self.sim.server.objects.items() if n not in self.sim.not_named
                  and (o.get("status") or {}).get("phase") not in ("Completed", "Failed")]
         if open_:
             self.target_lease = self.sim.world.rng.choice(open_)
@@ -551,6 +566,7 @@ class PoolWorker(Worker):
         try:
             lease = self.client.claim(name, self.holder, observed=cached, claim_id=claim_id)
         except LeaseError:  # held, resting, finished (or made Failed by this very claim)
+            self.sim.pool_refusals += 1
             self.retry = None
             self.pool.view.set_aside(name)
             self.schedule(0.001, self.claim)
@@ -734,10 +750,15 @@ class Simulation:
                                   clock=lambda: self.world.server_time(serving=True))
         self.lease_names = [f"job-{i}" for i in range(self.config.leases)]
         self.pool_names: list[str] = []
+        self.not_named: set[str] = set()  # leases named workers leave alone (pool, pods)
         self.event_times: list[float] = []  # when each of server.events happened (true time)
         self.pod_event_times: list[float] = []
         self.pods = PodChurn(self)
-        self.pool_claims = self.pool_conflicts = 0
+        self.pool_claims = self.pool_conflicts = self.pool_refusals = 0
+        self.delegated_claims = 0  # the operator's claims for pods
+        # A known finding (docs/safety.md): the holder-only policy refuses a claimer's write
+        # that marks another holder's expired lease Failed (its last attempt used up).
+        self.exhausted_takeovers_refused: Counter[str] = Counter()
         self._parsed: dict[int, Observed] = {}
         self.hung_at: dict[str, float] = {}  # worker → when its last hung request was sent
         self.drained = False
@@ -757,7 +778,12 @@ class Simulation:
         def recorded(name: str, body: dict[str, Any], user: str | None = None
                      ) -> dict[str, Any]:
             before = dict((self.server.objects.get(name) or {}).get("status") or {})
-            after = patch(name, body, user)
+            try:
+                after = patch(name, body, user)
+            except ModelError as err:
+                if err.status == 403 and _fails_anothers_lease(before, body):
+                    self.exhausted_takeovers_refused[self._writer] += 1
+                raise
             if self.tracing:
                 st = after.get("status") or {}
                 self.trace.append(f"t={self.world.now:9.3f} {self._writer:>8} wrote {name}: "
@@ -796,9 +822,11 @@ class Simulation:
                                     if self.config.pool_workers else 0):
             self.server.create(name, spec, labels=dict([POOL_LABEL]))
             self.pool_names.append(name)
+            self.not_named.add(name)
         if self.config.pods:
             for name, spec in delegated_jobs(self.world.rng):
                 self.server.create(name, spec)
+                self.not_named.add(name)
             self.pods.start()
         self.operator = Operator(self)
         for _ in range(self.config.workers):
@@ -892,9 +920,19 @@ class Simulation:
     def summary(self) -> dict[str, Any]:
         return {"seed": self.world.seed, "ops": self.ops, "completed": self.completed,
                 "pool_claims": self.pool_claims, "pool_409s": self.pool_conflicts,
+                "delegated_claims": self.delegated_claims,
+                "exhausted_takeovers_refused": sum(self.exhausted_takeovers_refused.values()),
                 "faults": dict(self.config.faults.counts),
                 "violations": dict(self.oracles.violations),
                 "messages": self.oracles.messages}
+
+
+def _fails_anothers_lease(before: dict[str, Any], patch: dict[str, Any]) -> bool:
+    """A claim that found another holder's lease expired with its attempts used up, and
+    marks it Failed without raising the generation (``decide_claim``'s step 4)."""
+    status = patch.get("status") or {}
+    return (before.get("phase") == "Held" and status.get("phase") == "Failed"
+            and "generation" not in status and "holder" not in status)
 
 
 def shrink(seed: int, config: Config | None = None) -> Simulation:
