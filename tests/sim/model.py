@@ -2,9 +2,9 @@
 
 * ``resourceVersion`` compare-and-swap from one cluster-wide revision counter (like etcd),
   so a re-created object's versions — and so its epoch — outrank every earlier one;
-* 404 for a missing object, 409 for a stale precondition (a resourceVersion, or a pod's
-  uid in a patch), 422 for a status the CRD's CEL rules refuse (the same rules, written in
-  Python: ``status_violation``);
+* 404 for a missing object, 409 for a stale resourceVersion precondition, 422 for a status
+  the CRD's CEL rules refuse (the same rules, written in Python: ``status_violation``) and
+  for a pod patch naming another uid (uid is immutable);
 * 403 for a write the chart's ValidatingAdmissionPolicies refuse, when ``admission`` is
   on: the holder-only policy on JobLease status (``holder_only_violation``) and the
   operator-pods policy on pod updates (``operator_pod_violation``). The API server checks
@@ -168,8 +168,9 @@ class ModelServer:
                   ) -> dict[str, Any]:
         """A merge patch of a pod's metadata (labels, annotations) or spec by ``user``.
 
-        A ``metadata.uid`` in the patch is a precondition (409 when the name now belongs to
-        another pod), as the API server derives one from the patched object.
+        A ``metadata.uid`` in the patch that is not the pod's is refused as invalid (422:
+        uid is immutable), so a patch meant for a predecessor never lands on its namesake.
+        The API server validates before admission, so that comes before the policies.
         """
         obj = self.pods.get(name)
         if obj is None:
@@ -177,8 +178,8 @@ class ModelServer:
         _check_version(obj, patch)
         uid = (patch.get("metadata") or {}).get("uid")
         if uid is not None and uid != obj["metadata"]["uid"]:
-            raise ModelError(409, f"Precondition failed: UID in precondition: {uid}, UID in "
-                                  f"object meta: {obj['metadata']['uid']}")
+            raise ModelError(422, f'Pod "{name}" is invalid: metadata.uid: Invalid value: '
+                                  f'"{uid}": field is immutable')
         new = merge(clone(obj), patch)
         if self.admission and user == self.operator:
             problem = operator_pod_violation(obj, new)
