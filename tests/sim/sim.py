@@ -795,7 +795,7 @@ class Simulation:
             return after
 
         self._writer = "operator"
-        self.server.patch_status = recorded  # type: ignore[method-assign]
+        self.server.patch_status = recorded  # type: ignore[method-assign,assignment]
         patch_pod = self.server.patch_pod
 
         def annotated(name: str, body: dict[str, Any], user: str | None = None
@@ -806,7 +806,7 @@ class Simulation:
                 self.oracles.fail("k", problem)
             return after
 
-        self.server.patch_pod = annotated  # type: ignore[method-assign]
+        self.server.patch_pod = annotated  # type: ignore[method-assign,assignment]
 
     def run(self) -> Simulation:
         for name in self.lease_names:
