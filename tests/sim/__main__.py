@@ -5,7 +5,8 @@
     python -m tests.sim --replay 1234         # one seed, with its trace
 
 Progress every few seconds; one summary line at the end (seeds, operations, faults,
-violations per oracle, operations per minute). Exit 1 on any violation, after printing
+violations per oracle, operations per minute; pool claims with the 409s they wasted per
+claimed job, and the operator's claims for pods). Exit 1 on any violation, after printing
 the seed, the smallest configuration that still fails with it and its trace.
 """
 
@@ -33,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if sim.oracles.violations else 0
     started = last = time.monotonic()
     end = started + args.minutes * 60
-    seeds = ops = 0
+    seeds = ops = pool_claims = pool_409s = delegated = 0
     faults: Counter[str] = Counter()
     violations: Counter[str] = Counter()
     failing: list[int] = []
@@ -41,6 +42,8 @@ def main(argv: list[str] | None = None) -> int:
     while (seeds < args.seeds) if args.seeds is not None else time.monotonic() < end:
         sim = Simulation(seed).run()
         seeds, ops = seeds + 1, ops + sim.ops
+        pool_claims, pool_409s = pool_claims + sim.pool_claims, pool_409s + sim.pool_conflicts
+        delegated += sim.delegated_claims
         faults.update(sim.config.faults.counts)
         violations.update(sim.oracles.violations)
         if sim.oracles.violations:
@@ -54,7 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     per_oracle = " ".join(f"{o}={violations.get(o, 0)}" for o in ORACLES)
     print(f"sim: seeds {seeds} ({args.first}..{seed - 1}), operations {ops}, faults "
           f"{sum(faults.values())} ({dict(faults)}), violations {per_oracle}, "
-          f"{ops / elapsed * 60:,.0f} operations/minute in {elapsed:.1f}s", flush=True)
+          f"{ops / elapsed * 60:,.0f} operations/minute in {elapsed:.1f}s; pool claims "
+          f"{pool_claims}, {pool_409s / max(1, pool_claims):.2f} wasted 409s per claimed job; "
+          f"claims for pods {delegated}", flush=True)
     for bad in failing[:3]:
         small = shrink(bad)
         print(f"\nFAILED seed {bad}; smallest failing configuration: {small.config}")

@@ -17,37 +17,67 @@ Oracles, checked on the true timeline at every step (``Oracles``):
   f. liveness: a lease whose holder died is claimed again within
      ``leaseUntil + margin + poll + one round trip`` (runs without API faults);
   g. one malformed object never stops the operator's work on the others.
+
+Work pools (``PoolWorker``: the real ``PoolView`` over a lagging watch, claims through the
+real ``LeaseClient.claim``; jobs with random priorities, maxAttempts and backoff):
+  h. no pool job is completed twice: at most one worker ever believes it completed a job,
+     and a Completed job's record names a claim a worker really made; and (liveness) by the
+     end of a run every pool job is Completed or Failed (the run drains up to ``DRAIN``
+     seconds past its horizon while any is open);
+  i. a worker never chooses a job while a higher-priority job is claimable *by its own
+     view's knowledge*: judged from the view's cached versions (minus the names it set
+     aside after a failed claim) at the very server-time estimate the worker chose with.
+     The server's truth is not the standard: a lagging view may rightly not know yet;
+  j. no claim is accepted before the lease's rest ends (``status.notBefore``, or for a Held
+     lease that ran out, ``leaseUntil`` plus the backoff its expiry earns) on the true
+     server timeline (within the drift bound).
+
+Pod delegation (the operator's real ``Delegator``; pods.py): oracle k. And with the chart's
+admission policies in the model (half the runs; holders are then usernames):
+  l. no write of joblease's own code is ever refused by a policy (403): claims, renewals,
+     completions and releases (own-write recognition included) by workers and pool
+     workers, the operator's writes and its token annotations on pods.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
+from joblease.controller.pods import Delegator, PodView
 from joblease.controller.reconciler import LeaseView, Reconciler
+from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
     LeaseError,
     LeaseFinishedError,
     LeaseHeldError,
     LeaseLostError,
 )
-from joblease.domain.lease import Observed, parse_time
+from joblease.domain.lease import Observed
+from joblease.domain.lease import parse_time as _parse_time
 from joblease.domain.token import FencingToken
 from joblease.fencing.check import TokenGate
 from joblease.fencing.errors import StaleTokenError
 from joblease.kube.leases import LeaseStore
+from joblease.kube.pods import PodInfo, PodStore
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, new_claim_id
 from joblease.sdk.hold import RENEW_FRACTION, retry_delay
 
-from .model import ModelServer
+from .model import ModelError, ModelServer
+from .pods import PodChurn, annotation_violation, delegated_jobs, delegation_violation
+from .pool import POOL_LABEL, PoolWatch, claimable_in_view, draw_jobs, rest_end
 from .world import BASE, Faults, LocalClock, SimApi, World
 
+parse_time = functools.lru_cache(maxsize=4096)(_parse_time)  # the oracles re-read the same
 POLL = 0.5  # LeaseClient.wait_claim's default poll
-ORPHAN_AFTER = 5.0  # seconds a claim may stay unadopted (its retries back off 0.2 s)
-ORACLES = "abcdefg"
+ORPHAN_AFTER = 5.0  # seconds a claim may stay unadopted (its retries back off 0.2 s) ...
+HUNG_RETRY = 2 * 10.0 + 0.2  # ... or, after a hung request, this long (timeout, then a wait)
+ORACLES = "abcdefghijkl"
+DRAIN = 300.0  # seconds a run may go on past its horizon while pool jobs are open
 
 
 @dataclass
@@ -69,6 +99,12 @@ class Config:
     seconds: float = 30.0
     effects: int = 3  # effects per holding before it completes
     poll: float = POLL  # a waiting claimer re-reads at most this often (wait_claim's poll)
+    pool_workers: int = 0  # workers of a work pool (claim_next over a PoolView)
+    pool_jobs: int = 0
+    pool_fail: float = 0.0  # probability that a pool holding ends in release(failed=True)
+    pool_effects: int = 2
+    admission: bool = False  # the chart's admission policies; holders are usernames then
+    pods: bool = False  # pods that delegate leases to the operator, and their churn
 
     @classmethod
     def draw(cls, world: World) -> Config:
@@ -82,7 +118,10 @@ class Config:
                    pause=r.choice([0.0, 0.02, 0.05]), crash=r.choice([0.0, 0.01]),
                    recreate=r.choice([0.0, 0.0, 0.02]), hostile=r.random() < 0.3,
                    operator_crash=r.choice([0.0, 0.01]), seconds=r.choice([20.0, 40.0]),
-                   effects=r.choice([1, 3, 10, 40]))
+                   effects=r.choice([1, 3, 10, 40]), pool_workers=r.choice([0, 2, 3, 5]),
+                   pool_jobs=r.randint(2, 8), pool_fail=r.choice([0.0, 0.2, 0.4]),
+                   pool_effects=r.choice([1, 2, 4]), admission=r.random() < 0.5,
+                   pods=r.random() < 0.5)
 
 
 @dataclass
@@ -107,6 +146,7 @@ class Oracles:
         self.claims: dict[tuple[str, FencingToken], Claimed] = {}
         self.pending: dict[tuple[str, FencingToken], tuple[str, float]] = {}
         self.crashed: dict[str, tuple[float, str]] = {}  # lease → (deadline true time, worker)
+        self.completions: dict[tuple[str, str], list[tuple[str, FencingToken]]] = {}
 
     def fail(self, oracle: str, message: str) -> None:
         self.violations[oracle] += 1
@@ -145,9 +185,68 @@ class Oracles:
                 self.fail("f", f"{lease.name} claimed {self.sim.world.now - until:.3f}s after "
                                f"{who}'s lease ended (allowance {allowance:.3f}s)")
 
+    def on_choice(self, worker: PoolWorker, chosen: Observed, now: ServerNow,
+                  margin: timedelta) -> None:
+        """Oracle i: nothing of higher priority is claimable by the view's own knowledge."""
+        view = worker.pool.view
+        aside = view._set_aside
+        better = [obs for name in list(view._items) if name not in aside
+                  and (obs := view._items[name]).spec.priority > chosen.spec.priority
+                  and claimable_in_view(obs, now, margin)]
+        if better:
+            self.fail("i", f"{worker.name} chose {chosen.name} (priority "
+                           f"{chosen.spec.priority}) while its view had {better[0].name} "
+                           f"(priority {better[0].spec.priority}) claimable")
+
+    def on_completed(self, worker: Worker, lease: Lease) -> None:
+        """Oracle h: at most one worker ever believes it completed a job (incarnation)."""
+        believers = self.completions.setdefault((lease.name, lease.uid), [])
+        believers.append((worker.name, lease.token))
+        if len(believers) > 1:
+            self.fail("h", f"{lease.name} completed twice: by {believers}")
+
+    def at_end(self) -> None:
+        """Oracle h: each Completed job's record is a real claim's; every job has ended.
+        Oracle l: no admission policy refused any of joblease's writes."""
+        sim = self.sim
+        known = sim.exhausted_takeovers_refused
+        refused = {w.name: w.api.forbidden - known[w.name] for w in sim.workers
+                   if w.api.forbidden > known[w.name]}
+        if sim.operator.api.forbidden:
+            refused["operator"] = sim.operator.api.forbidden
+        if refused:
+            self.fail("l", f"admission policies refused writes: {refused}")
+        for name in sim.pool_names:
+            obj = sim.server.objects[name]
+            status = obj.get("status") or {}
+            record = status.get("completion")
+            if record is not None:
+                self._check_record(name, obj["metadata"]["uid"], status, record)
+            elif status.get("phase") != "Failed" and sim.drained:
+                self.fail("h", f"{name} still {status.get('phase')} at the end of the run "
+                               f"(t={sim.world.now:.0f}s): never completed nor failed")
+
+    def _check_record(self, name: str, uid: str, status: dict[str, Any],
+                      record: dict[str, Any]) -> None:
+        token = FencingToken(int(status.get("epoch") or 0), int(record["generation"]))
+        claim = self.claims.get((name, token))
+        if claim is None or claim.incarnation != uid:
+            self.fail("h", f"{name}'s completion record {token} names no claim a worker made")
+        believers = self.completions.get((name, uid), [])
+        if any(t != token for _, t in believers):
+            self.fail("h", f"{name}: believed completed as {believers}, recorded as {token}")
+
     def on_write(self, writer: str, name: str, before: dict[str, Any], after: dict[str, Any],
                  incarnation: str) -> None:
-        """Every status write the server accepted (oracle c; a claim's adoption for f)."""
+        """Every status write the server accepted (c; j for claims; a claim's adoption: f)."""
+        if after.get("generation", 0) > before.get("generation", 0):
+            self.check_rest(writer, name, before)
+            self.sim.delegated_claims += writer == "operator"
+        if writer == "operator":
+            problem = delegation_violation(self.sim, name, before, after,
+                                           self.sim.operator.pod_lag + 0.02)
+            if problem is not None:
+                self.fail("k", problem)
         if writer != "operator" and after.get("generation", 0) != before.get("generation", 0):
             token = FencingToken(int(after.get("epoch") or 0), int(after["generation"]))
             self.pending[(name, token)] = (writer, self.sim.world.now)
@@ -156,9 +255,31 @@ class Oracles:
         token = FencingToken(int(after.get("epoch") or 0), int(after.get("generation", 0)))
         claim = self.claims.get((name, token))
         if claim is None or claim.worker != writer or claim.incarnation != incarnation:
+            if after.get("phase") == "Failed" and self._ended(before):
+                return  # a claim that found the lease ended and its attempts used up
             owner = f"{claim.worker} (incarnation {claim.incarnation})" if claim else "nobody"
             self.fail("c", f"{writer}'s write on {name} ({before.get('phase')} → "
                            f"{after.get('phase')}) accepted under token {token} of {owner}")
+
+    def _ended(self, before: dict[str, Any]) -> bool:
+        """Whether the claim ``before`` records has ended on the true timeline (or, beyond
+        the drift bound, may be judged ended early: there only fencing is checked)."""
+        until = before.get("leaseUntil")
+        if before.get("phase") != "Held" or not until or self.sim.config.beyond_drift:
+            return True
+        return self.sim.world.server_time(serving=True) >= parse_time(until)
+
+    def check_rest(self, writer: str, name: str, before: dict[str, Any]) -> None:
+        """Oracle j: a claim is accepted only once the lease's rest is over (server time)."""
+        if self.sim.config.beyond_drift:
+            return  # an estimate beyond the drift bound may be wrong: only fencing holds
+        spec = self.sim.server.objects[name]["spec"]
+        end = rest_end(before, spec)
+        now = self.sim.world.server_time(serving=True)
+        if end is not None and now < end:
+            self.fail("j", f"{writer} claimed {name} {(end - now).total_seconds():.3f}s "
+                           f"before its rest ended ({before.get('phase')}, attempts "
+                           f"{before.get('attempts', 0)}, notBefore {before.get('notBefore')})")
 
     def on_effect(self, worker: Worker, lease: Lease) -> None:
         """An effect whose check passed now (oracle d)."""
@@ -186,7 +307,8 @@ class Oracles:
         """Oracle g, and f for claims the server accepted but no live worker adopted."""
         sim = self.sim
         for key, (writer, at) in list(self.pending.items()):
-            if sim.world.now - at > ORPHAN_AFTER:
+            hung = sim.hung_at.get(writer, -1e9)  # a hung request delays the adoption
+            if sim.world.now - at > ORPHAN_AFTER and sim.world.now - hung > HUNG_RETRY:
                 del self.pending[key]
                 if writer not in sim.world.dead and sim.liveness_applies(orphans=True):
                     self.fail("f", f"{writer}'s claim {key[1]} of {key[0]} was accepted but "
@@ -209,14 +331,19 @@ class Oracles:
 class Worker:
     """A worker process: claims, holds (renewer + watchdog), acts through the fence, completes."""
 
-    def __init__(self, sim: Simulation, index: int) -> None:
-        self.sim, self.name = sim, f"w{index}"
+    def __init__(self, sim: Simulation, index: int, prefix: str = "w") -> None:
+        self.sim, self.name = sim, f"{prefix}{index}"
         world = sim.world
         bound = sim.config.drift * (30 if sim.config.beyond_drift else 1)
         self.clock = LocalClock(world.rng.uniform(0, 1e4), world.rng.uniform(-bound, bound))
-        self.api = SimApi(world, sim.server, self.clock, self.name, sim.config.faults)
+        self.holder = "replicas" if sim.config.shared_holder and prefix == "w" else self.name
+        # Under the holder-only policy a holder is the worker's username: replicas that
+        # share a holder name share one identity (one ServiceAccount).
+        self.api = SimApi(world, sim.server, self.clock, self.name, sim.config.faults,
+                          user=self.holder)
         self.client = LeaseClient("sim", api=self.api, calibrate=False)  # type: ignore[arg-type]
-        self.holder = "replicas" if sim.config.shared_holder else self.name
+        self.hold_seconds = float(sim.config.duration)  # the scale of a pause
+        self.effects_wanted = sim.config.effects
         self.lease: Lease | None = None
         self.lost = False
         self.failures = 0
@@ -250,13 +377,13 @@ class Worker:
     def crash(self) -> None:
         world = self.sim.world
         world.dead.update((self.name, self.command))  # the sentinel takes the command along
-        if self.lease is not None and not self.lost:
+        if self.lease is not None and not self.lost and self.lease.name in self.sim.lease_names:
             obj = self.sim.server.objects.get(self.lease.name) or {}
             until = (obj.get("status") or {}).get("leaseUntil")
             if until and (obj.get("status") or {}).get("generation") == self.lease.generation:
                 end = (parse_time(until) - BASE).total_seconds()
                 self.sim.oracles.crashed.setdefault(self.lease.name, (end, self.name))
-        self.sim.spawn()  # a replacement, as a Deployment would start
+        self.sim.spawn(type(self))  # a replacement, as a Deployment would start
 
     # -- claiming ---------------------------------------------------------------------------
     def claim(self) -> None:
@@ -277,6 +404,9 @@ class Worker:
         except Exception:
             self.schedule(0.2 + self.api.blocked, self.claim)
             return
+        self.start_holding(lease)
+
+    def start_holding(self, lease: Lease) -> None:
         self.lease, self.lost, self.failures, self.effects = lease, False, 0, 0
         self.sim.oracles.on_claim(self, lease)
         self.interval = max(0.05, lease.remaining() * RENEW_FRACTION)
@@ -285,8 +415,8 @@ class Worker:
         self.schedule(self.sim.world.rng.uniform(0, self.interval), self.act, self.command)
 
     def pick_another(self) -> None:
-        open_ = [n for n, o in self.sim.server.objects.items()
-                 if (o.get("status") or {}).get("phase") not in ("Completed", "Failed")]
+        open_ = [n for n, o in self.sim.server.objects.items() if n not in self.sim.not_named
+                 and (o.get("status") or {}).get("phase") not in ("Completed", "Failed")]
         if open_:
             self.target_lease = self.sim.world.rng.choice(open_)
             self.claim_id = new_claim_id()
@@ -360,11 +490,11 @@ class Worker:
         token, resource = lease.token, lease.name
         transit = self.api.rtt
         if self.sim.world.rng.random() < self.sim.config.pause:
-            pause = self.sim.world.rng.uniform(0.5, 3 * self.sim.config.duration)
+            pause = self.sim.world.rng.uniform(0.5, 3 * self.hold_seconds)
             self.sim.world.paused_until[self.name] = self.sim.world.now + pause
             transit += pause  # the write was on its way when the process stopped
         self.sim.world.after(transit, lambda: self.sim.deliver(resource, token), "")
-        if self.effects >= self.sim.config.effects:
+        if self.effects >= self.effects_wanted:
             self.schedule(0.01, self.complete)
         else:
             self.schedule(self.sim.world.rng.uniform(0.05, self.interval), self.act,
@@ -388,11 +518,132 @@ class Worker:
             return
         self.lease = None
         self.sim.completed += 1
+        self.on_completed(lease)
+
+    def on_completed(self, lease: Lease) -> None:
         self.pick_another()
 
 
+class PoolWorker(Worker):
+    """A worker of a work pool: the real ``PoolView``, fed by its own lagging watch, picks
+    the job (priority, FIFO, rendezvous spread, set-aside, next wake); the real
+    ``LeaseClient.claim`` claims it from the cached version (``transact``: a 409 sends it
+    to a fresh read). A claim whose answer is unknown is retried under the same claim id
+    before anything else is chosen, or its lease would be left held by nobody. A holding
+    ends in ``complete`` or, with probability ``pool_fail``, ``release(failed=True)``.
+    """
+
+    def __init__(self, sim: Simulation, index: int) -> None:
+        super().__init__(sim, index, prefix="p")
+        self.pool = PoolWatch(sim)
+        self.effects_wanted = sim.config.pool_effects
+        self.retry: tuple[str, str] | None = None  # (job, claim id) of an unanswered claim
+        self.idle_until: float | None = None
+        self.wake_seq = 0
+
+    def claim(self) -> None:
+        self.idle_until = None
+        self.sim.ops += 1
+        if self.retry is not None:
+            name, claim_id = self.retry
+            self._claim(name, claim_id, None)
+            return
+        self.pool.sync()
+        try:
+            now, margin = self.api.server_now(), self.client.margin()
+        except Exception:
+            self.schedule(0.2, self.claim)
+            return
+        chosen = self.pool.view.choose(self.holder, now, margin)
+        if chosen is None:
+            self.idle(now, margin)
+            return
+        self.sim.oracles.on_choice(self, chosen, now, margin)
+        self._claim(chosen.name, new_claim_id(), chosen)
+
+    def _claim(self, name: str, claim_id: str, cached: Observed | None) -> None:
+        conflicts = self.api.conflicts
+        try:
+            lease = self.client.claim(name, self.holder, observed=cached, claim_id=claim_id)
+        except LeaseError:  # held, resting, finished (or made Failed by this very claim)
+            self.sim.pool_refusals += 1
+            self.retry = None
+            self.pool.view.set_aside(name)
+            self.schedule(0.001, self.claim)
+            return
+        except Exception:  # unknown: the claim may have landed; ask again with its id
+            self.retry = (name, claim_id)
+            self.schedule(0.2, self.claim)  # (after a hung request's timeout, already spent)
+            return
+        finally:
+            self.sim.pool_conflicts += self.api.conflicts - conflicts
+        self.retry = None
+        self.sim.pool_claims += 1
+        observed = lease._observed
+        if observed is not None:
+            self.pool.view.learn(observed)
+            self.hold_seconds = float(observed.spec.lease_duration_seconds)
+        self.start_holding(lease)
+
+    def idle(self, now: ServerNow, margin: timedelta) -> None:
+        """Sleep until the next wake (a rest or a lease may end) or the next event arrives."""
+        wake = self.pool.view.next_wake(now, margin)
+        delay = 2.0 if wake is None else (wake - now.earliest).total_seconds() + 0.001
+        at = self.sim.world.now + self.api.elapsed + min(2.0, max(0.001, delay))
+        arrival = self.pool.next_arrival()
+        self.wake_at(min(at, arrival) if arrival is not None else at)
+
+    def wake_at(self, at: float) -> None:
+        """(Re)schedule the idle worker's wake-up: an earlier time replaces a later one."""
+        if self.idle_until is not None and self.idle_until <= at:
+            return
+        self.idle_until = at
+        self.wake_seq += 1
+        seq = self.wake_seq
+
+        def wake() -> None:
+            if self.wake_seq == seq:
+                self._step(self.claim)
+
+        self.sim.world.at(at, wake, self.name)
+
+    def start_holding(self, lease: Lease) -> None:
+        self.fails_job = self.sim.world.rng.random() < self.sim.config.pool_fail
+        super().start_holding(lease)
+
+    def complete(self) -> None:
+        lease = self.lease
+        if lease is None or self.lost:
+            return
+        if not self.fails_job:
+            super().complete()
+            return
+        self.sim.ops += 1
+        try:
+            lease.release(failed=True)
+        except LeaseFinishedError:
+            pass  # the last of maxAttempts: the job is Failed now
+        except LeaseError:
+            self.lose()
+            return
+        except Exception:
+            self.schedule(retry_delay(1), self.complete)
+            return
+        self.lease = None
+        self.pick_another()
+
+    def on_completed(self, lease: Lease) -> None:
+        self.sim.oracles.on_completed(self, lease)
+        self.pick_another()
+
+    def pick_another(self) -> None:
+        self.lease = None
+        self.schedule(0.001, self.claim)
+
+
 class Operator:
-    """The real ``Reconciler`` over a watch fed from the model's event log (with gaps)."""
+    """The real ``Reconciler`` and ``Delegator`` over watches fed from the model's event logs
+    (with gaps; pod events also with a lag), each in its own loop, as in the runtime."""
 
     def __init__(self, sim: Simulation) -> None:
         self.sim = sim
@@ -400,17 +651,57 @@ class Operator:
         self.clock = LocalClock(world.rng.uniform(0, 1e4),
                                 world.rng.uniform(-sim.config.drift, sim.config.drift))
         self.api = SimApi(world, sim.server, self.clock, "operator")
+        self.pod_lag = world.rng.choice([0.0, 0.05, 0.5])
+        self.incarnation = 0
         self.start()
 
     def start(self) -> None:
+        self.incarnation += 1
         self.view = LeaseView()
+        margin = DEFAULT_MARGIN + timedelta(milliseconds=5)
         self.reconciler = Reconciler(LeaseStore(self.api), self.view,  # type: ignore[arg-type]
-                                     DEFAULT_MARGIN + timedelta(milliseconds=5))
+                                     margin)
+        self.pod_view = PodView()
+        self.delegator = Delegator(LeaseStore(self.api), PodStore(self.api),  # type: ignore[arg-type]
+                                   self.view, self.pod_view, margin)
         self.seen = len(self.sim.server.events)
         for obj in self.sim.server.list():  # the initial list
             self._put(obj)
+        self._relist_pods()
         self.sim.operator_up, self.sim.operator_since = True, self.sim.world.now
         self.sim.world.after(0.01, self.tick, "operator")
+        if self.sim.config.pods:
+            incarnation = self.incarnation
+            self.sim.world.after(0.02, lambda: self.delegate(incarnation), "operator")
+
+    def _relist_pods(self) -> None:
+        self.pod_view = self.delegator.pod_view = PodView()
+        for obj in self.sim.server.pods.values():
+            self.pod_view.put(PodInfo.from_object(obj))
+        self.pods_seen = len(self.sim.server.pod_events)
+
+    def delegate(self, incarnation: int) -> None:
+        """One pass of the delegation loop (it ends when this operator process crashed)."""
+        sim = self.sim
+        if incarnation != self.incarnation or not sim.operator_up:
+            return
+        self.api.elapsed = 0.0
+        if sim.world.rng.random() < 0.02:  # a watch gap: resume by relisting
+            self._relist_pods()
+        stamps, events = sim.pod_event_times, sim.server.pod_events
+        while self.pods_seen < len(stamps) and \
+                stamps[self.pods_seen] + self.pod_lag <= sim.world.now:
+            event = events[self.pods_seen]
+            self.pods_seen += 1
+            pod = PodInfo.from_object(event.obj)
+            if event.type == "DELETED":
+                self.pod_view.drop(pod)
+            else:
+                self.pod_view.put(pod)
+        wait = self.delegator.pass_once()
+        sim.ops += 1
+        sim.world.after(self.api.elapsed + min(wait, 1.0), lambda: self.delegate(incarnation),
+                        "operator")
 
     def _put(self, obj: dict[str, Any]) -> None:
         with contextlib.suppress(Exception):  # an unreadable object: skipped, like the handler
@@ -425,7 +716,7 @@ class Operator:
             return
         if sim.world.rng.random() < 0.02:  # a watch gap: resume by relisting
             self.view = LeaseView()
-            self.reconciler.view = self.view
+            self.reconciler.view = self.delegator.lease_view = self.view
             for obj in sim.server.list():
                 self._put(obj)
         else:
@@ -455,8 +746,22 @@ class Simulation:
         self.config = config or drawn
         self.tracing = trace
         self.trace: list[str] = []
-        self.server = ModelServer()
+        self.server = ModelServer(admission=self.config.admission,
+                                  clock=lambda: self.world.server_time(serving=True))
         self.lease_names = [f"job-{i}" for i in range(self.config.leases)]
+        self.pool_names: list[str] = []
+        self.not_named: set[str] = set()  # leases named workers leave alone (pool, pods)
+        self.event_times: list[float] = []  # when each of server.events happened (true time)
+        self.pod_event_times: list[float] = []
+        self.pods = PodChurn(self)
+        self.pool_claims = self.pool_conflicts = self.pool_refusals = 0
+        self.delegated_claims = 0  # the operator's claims for pods
+        # A known finding (docs/safety.md): the holder-only policy refuses a claimer's write
+        # that marks another holder's expired lease Failed (its last attempt used up).
+        self.exhausted_takeovers_refused: Counter[str] = Counter()
+        self._parsed: dict[int, Observed] = {}
+        self.hung_at: dict[str, float] = {}  # worker → when its last hung request was sent
+        self.drained = False
         self.hostile_name = "hostile" if self.config.hostile else ""
         self.target = TokenGate()
         self.target_history: dict[str, list[FencingToken]] = {}
@@ -470,9 +775,15 @@ class Simulation:
     def _watch_writes(self) -> None:
         patch = self.server.patch_status
 
-        def recorded(name: str, body: dict[str, Any], writer: str = "") -> dict[str, Any]:
+        def recorded(name: str, body: dict[str, Any], user: str | None = None
+                     ) -> dict[str, Any]:
             before = dict((self.server.objects.get(name) or {}).get("status") or {})
-            after = patch(name, body)
+            try:
+                after = patch(name, body, user)
+            except ModelError as err:
+                if err.status == 403 and _fails_anothers_lease(before, body):
+                    self.exhausted_takeovers_refused[self._writer] += 1
+                raise
             if self.tracing:
                 st = after.get("status") or {}
                 self.trace.append(f"t={self.world.now:9.3f} {self._writer:>8} wrote {name}: "
@@ -484,7 +795,18 @@ class Simulation:
             return after
 
         self._writer = "operator"
-        self.server.patch_status = recorded  # type: ignore[method-assign]
+        self.server.patch_status = recorded  # type: ignore[method-assign,assignment]
+        patch_pod = self.server.patch_pod
+
+        def annotated(name: str, body: dict[str, Any], user: str | None = None
+                      ) -> dict[str, Any]:
+            after = patch_pod(name, body, user)
+            problem = annotation_violation(after)
+            if problem is not None:
+                self.oracles.fail("k", problem)
+            return after
+
+        self.server.patch_pod = annotated  # type: ignore[method-assign,assignment]
 
     def run(self) -> Simulation:
         for name in self.lease_names:
@@ -496,14 +818,58 @@ class Simulation:
                 "renewTime": "9999-12-31T00:00:00.000Z",
                 "leaseUntil": "9999-12-31T23:59:59.999Z"}
             del obj
+        for name, spec in draw_jobs(self.world.rng, self.config.pool_jobs
+                                    if self.config.pool_workers else 0):
+            self.server.create(name, spec, labels=dict([POOL_LABEL]))
+            self.pool_names.append(name)
+            self.not_named.add(name)
+        if self.config.pods:
+            for name, spec in delegated_jobs(self.world.rng):
+                self.server.create(name, spec)
+                self.not_named.add(name)
+            self.pods.start()
         self.operator = Operator(self)
         for _ in range(self.config.workers):
-            self.spawn()
-        self.world.run_until(self.config.seconds, self.oracles.at_step)
+            self.spawn(Worker)
+        for _ in range(self.config.pool_workers):
+            self.spawn(PoolWorker)
+        self.world.run_until(self.config.seconds, self.each)
+        end = self.config.seconds
+        while self.open_pool_jobs() and end < self.config.seconds + DRAIN:
+            end += 10.0
+            self.world.run_until(end, self.each)
+        self.drained = True
+        self.oracles.at_end()
         return self
 
-    def spawn(self) -> None:
-        worker = Worker(self, len(self.workers))
+    def observed_event(self, index: int) -> Observed:
+        """``server.events[index]`` parsed once for every watcher (events never change)."""
+        obs = self._parsed.get(index)
+        if obs is None:
+            obs = self._parsed[index] = Observed.from_object(self.server.events[index].obj)
+        return obs
+
+    def open_pool_jobs(self) -> int:
+        return sum(1 for name in self.pool_names if (self.server.objects[name].get("status")
+                   or {}).get("phase") not in ("Completed", "Failed"))
+
+    def each(self) -> None:
+        """After every event: stamp new watch events, wake idle pool workers, check."""
+        if len(self.pod_event_times) < len(self.server.pod_events):
+            self.pod_event_times.extend([self.world.now] * (len(self.server.pod_events)
+                                                            - len(self.pod_event_times)))
+        stamped = len(self.event_times)
+        if stamped < len(self.server.events):
+            self.event_times.extend([self.world.now] * (len(self.server.events) - stamped))
+            for worker in self.workers:
+                if isinstance(worker, PoolWorker) and worker.idle_until is not None:
+                    arrival = worker.pool.next_arrival()
+                    if arrival is not None:
+                        worker.wake_at(arrival)
+        self.oracles.at_step()
+
+    def spawn(self, kind: type[Worker]) -> None:
+        worker = kind(self, len(self.workers))
         self.workers.append(worker)
         api_request = worker.api.request
 
@@ -513,6 +879,7 @@ class Simulation:
                 return api_request(method, path, body, **kwargs)
             finally:
                 self._writer = "operator"
+                self.hung_at[worker.name] = worker.api.hung_at
 
         worker.api.request = request  # type: ignore[method-assign]
         worker.schedule(self.world.rng.uniform(0, 0.5), worker.claim)
@@ -552,9 +919,20 @@ class Simulation:
 
     def summary(self) -> dict[str, Any]:
         return {"seed": self.world.seed, "ops": self.ops, "completed": self.completed,
+                "pool_claims": self.pool_claims, "pool_409s": self.pool_conflicts,
+                "delegated_claims": self.delegated_claims,
+                "exhausted_takeovers_refused": sum(self.exhausted_takeovers_refused.values()),
                 "faults": dict(self.config.faults.counts),
                 "violations": dict(self.oracles.violations),
                 "messages": self.oracles.messages}
+
+
+def _fails_anothers_lease(before: dict[str, Any], patch: dict[str, Any]) -> bool:
+    """A claim that found another holder's lease expired with its attempts used up, and
+    marks it Failed without raising the generation (``decide_claim``'s step 4)."""
+    status = patch.get("status") or {}
+    return (before.get("phase") == "Held" and status.get("phase") == "Failed"
+            and "generation" not in status and "holder" not in status)
 
 
 def shrink(seed: int, config: Config | None = None) -> Simulation:
@@ -570,6 +948,9 @@ def shrink(seed: int, config: Config | None = None) -> Simulation:
         lambda c: replace(c, seconds=max(2.0, c.seconds / 2)),
         lambda c: replace(c, workers=max(1, c.workers - 1)),
         lambda c: replace(c, leases=max(1, c.leases - 1)),
+        lambda c: replace(c, pool_workers=max(0, c.pool_workers - 1)),
+        lambda c: replace(c, pool_jobs=max(1, c.pool_jobs - 1)),
+        lambda c: replace(c, admission=False), lambda c: replace(c, pods=False),
         lambda c: replace(c, pause=0.0), lambda c: replace(c, crash=0.0),
         lambda c: replace(c, recreate=0.0), lambda c: replace(c, operator_crash=0.0),
         lambda c: replace(c, hostile=False),

@@ -18,33 +18,42 @@ from typing import Any
 
 import pytest
 
+import joblease.controller.pods as pods_module
 import joblease.domain.lease as lease_module
+import joblease.domain.pool as pool_module
+from joblease.controller.pods import Delegator
 from joblease.controller.reconciler import Reconciler
 from joblease.domain.clock import ServerClock
-from joblease.domain.lease import LeaseStatus
+from joblease.domain.lease import EARLIEST_TIME, Claim, LeaseSpec, LeaseStatus, Observed
 from joblease.sdk import client as client_module
 from joblease.sdk.client import Lease
 
 from .sim import Config, Simulation, Worker, shrink
 from .world import Faults
 
-CI_SEEDS = 1500  # about 10 s here; `make sim` runs as long as asked
+CI_SEEDS = 1500  # about 45 s of one core here; `make sim` runs as long as asked
 FOUND: dict[str, tuple[int, str]] = {}
 
 
 def test_a_bounded_set_of_seeds_finds_no_violation() -> None:
     started, ops, violations = time.monotonic(), 0, Counter[str]()
     failing: list[int] = []
+    pool_claims = pool_409s = delegated = 0
     for seed in range(CI_SEEDS):
         sim = Simulation(seed).run()
         ops += sim.ops
+        pool_claims, pool_409s = pool_claims + sim.pool_claims, pool_409s + sim.pool_conflicts
+        delegated += sim.delegated_claims
         violations.update(sim.oracles.violations)
         if sim.oracles.violations:
             failing.append(seed)
     elapsed = time.monotonic() - started
-    print(f"\nsim: {CI_SEEDS} seeds, {ops} operations, {ops / elapsed * 60:,.0f} ops/min")
+    print(f"\nsim: {CI_SEEDS} seeds, {ops} operations, {ops / elapsed * 60:,.0f} ops/min; "
+          f"{pool_claims} pool claims, {pool_409s / max(1, pool_claims):.2f} wasted 409s per "
+          f"claimed job; {delegated} claims for pods")
     assert not failing, (failing[:5], shrink(failing[0]).oracles.messages)
     assert ops > CI_SEEDS * 20  # the runs did something
+    assert pool_claims > CI_SEEDS and delegated > CI_SEEDS / 20  # the new parts ran too
 
 
 def test_the_same_seed_replays_the_same_run() -> None:
@@ -112,7 +121,9 @@ def test_rediscovers_a_hostile_timestamp_halting_the_operator(
     import joblease.controller.reconciler as reconciler_module
     monkeypatch.setattr(reconciler_module, "add_time", overflowing_add)
     monkeypatch.setattr(Reconciler, "object_failed", no_isolation)
-    config = Config(workers=3, leases=2, duration=2, hostile=True, crash=0.05, seconds=30)
+    # Fewer workers than leases: a crashed holder's lease waits for the operator's expiry.
+    config = Config(workers=2, leases=3, duration=2, hostile=True, crash=0.05, seconds=30,
+                    effects=10)
     _record("2 hostile timestamp halts the operator", "g", _find("g", config, 50))
 
 
@@ -201,3 +212,122 @@ def test_a_failure_shrinks_to_a_smaller_configuration(monkeypatch: pytest.Monkey
     assert (small.config.workers, small.config.leases, small.config.seconds) <= (
         config.workers, config.leases, config.seconds)
     assert small.trace and any("wrote" in line for line in small.trace)
+
+
+# -- work pools: priority (i), backoff (j), one completion (h) ---------------------------------
+
+POOL = Config(workers=0, leases=1, pool_workers=3, pool_jobs=6, seconds=20, pool_fail=0.4)
+
+
+def test_rediscovers_a_pool_view_that_ignores_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fifo_only(obs: Observed) -> tuple[Any, str]:
+        return (obs.created or EARLIEST_TIME, obs.name)
+
+    monkeypatch.setattr(pool_module, "_order_key", fifo_only)
+    _record("pool view ignores priority", "i", _find("i", POOL, 50))
+
+
+def _without_rest(obs: Observed) -> Observed:
+    return replace(obs, spec=replace(obs.spec, backoff=None),
+                   status=replace(obs.status, not_before=None))
+
+
+def test_rediscovers_claims_that_skip_the_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    original_decide, original_claimable = client_module.decide_claim, pool_module.claimable_at
+
+    def decide_without_rest(obs: Observed, who: str, now: Any, margin: Any,
+                            claim_id: Any = None) -> Any:
+        return original_decide(_without_rest(obs), who, now, margin, claim_id)
+
+    monkeypatch.setattr(client_module, "decide_claim", decide_without_rest)
+    monkeypatch.setattr(pool_module, "claimable_at",
+                        lambda obs, margin: original_claimable(_without_rest(obs), margin))
+    _record("claims skip the backoff", "j", _find("j", POOL, 50))
+
+
+def test_a_view_that_ignores_the_rest_starves_the_job_but_never_breaks_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool view that chooses resting jobs: decide_claim (from the version the claim
+    writes against) still refuses every early claim, so j never fires; but the refused job
+    is set aside until the watch shows a newer version — and a resting job's rest ends
+    without any new version, so it is never tried again: h's liveness half finds it."""
+    original_claimable = pool_module.claimable_at
+    monkeypatch.setattr(pool_module, "claimable_at",
+                        lambda obs, margin: original_claimable(_without_rest(obs), margin))
+    starved: list[int] = []
+    for seed in range(20):
+        sim = Simulation(seed, replace(POOL, faults=Faults())).run()
+        assert not sim.oracles.violations.get("j"), sim.oracles.messages
+        if sim.oracles.violations.get("h"):
+            starved.append(seed)
+    assert starved, "a pool view choosing resting jobs never starved one in 20 seeds"
+    _record("pool view chooses resting jobs (starves them)", "h", starved[0] + 1)
+
+
+def test_rediscovers_a_completion_adopted_from_another_claim(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two defences removed: a completion recognises any recorded completion as its own,
+    and the SDK adopts the server's token (as bug 1's did) instead of refusing it."""
+    def any_completion(obs: Observed, claim: Claim) -> bool:
+        return obs.status.phase.value == "Completed"
+
+    old_apply = Lease._apply
+
+    def adopt(self: Lease, outcome: Any, resumed: bool = False) -> None:
+        self.token = outcome.observed.status.token()
+        old_apply(self, outcome, resumed)
+
+    monkeypatch.setattr(lease_module, "_completed_by", any_completion)
+    monkeypatch.setattr(Lease, "_apply", adopt)
+    config = replace(POOL, pool_workers=4, pool_jobs=3, pool_fail=0.0, pause=0.5,
+                     pool_effects=4)
+    _record("a completion adopted from another claim", "h", _find("h", config, 100))
+
+
+# -- pod delegation (k) and the admission policies (l) --------------------------------------
+
+PODS = Config(workers=0, leases=1, pods=True, seconds=30)
+
+
+def test_rediscovers_the_confused_deputy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Track record 8: any labelled pod got any lease (no opt-in, any ServiceAccount)."""
+    from_dict = LeaseSpec.from_dict.__func__  # type: ignore[attr-defined]
+
+    def everything_delegated(cls: type[LeaseSpec], spec: Any) -> LeaseSpec:
+        return replace(from_dict(cls, spec), pod_delegation=True,
+                       delegation_service_account=None)
+
+    monkeypatch.setattr(LeaseSpec, "from_dict", classmethod(everything_delegated))
+    _record("8 confused deputy", "k", _find("k", PODS, 50))
+
+
+def test_rediscovers_renewals_for_a_pod_that_no_longer_qualifies(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Track record 9: a pod that lost its label (or readiness) kept its lease renewed."""
+    def renew_while_it_exists(self: Delegator, obs: Observed) -> tuple[Observed, float]:
+        if (wait := self._seconds_until_renewal(obs)) > 0:
+            return obs, wait
+        holder = obs.status.holder or ""
+        namespace, name, uid = pods_module.holder_pod_name(holder) or ("", "", "")
+        pod = self.pods.get(namespace, name)
+        if pod is None or pod.uid != uid:
+            return self._release(obs), pods_module.SOON
+        claim, margin = Claim(holder, obs.status.token(), obs.status.claim_id), self.margin
+        obs = self._write(obs, lambda o, n: lease_module.decide_renew(o, claim, n, margin))
+        return obs, self._seconds_until_renewal(obs)
+
+    monkeypatch.setattr(Delegator, "_keep_or_let_go", renew_while_it_exists)
+    _record("9 renewed for a pod that lost its label", "k", _find("k", PODS, 50))
+
+
+def test_rediscovers_a_holder_that_is_not_the_username(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under the holder-only policy a worker whose holder is not its username is refused."""
+    original = Worker.__init__
+
+    def another_identity(self: Worker, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        self.api.user = f"system:serviceaccount:sim:{self.name}"
+
+    monkeypatch.setattr(Worker, "__init__", another_identity)
+    config = Config(workers=2, leases=1, shared_holder=False, admission=True, seconds=10)
+    _record("holder is not the username", "l", _find("l", config, 10))

@@ -23,6 +23,7 @@ from joblease.domain.clock import ServerClock, ServerNow
 from joblease.kube.api import (
     ApiError,
     ConflictError,
+    ForbiddenError,
     InvalidError,
     NotFoundError,
     Response,
@@ -52,6 +53,7 @@ class World:
         self.now = 0.0
         self._queue: list[_Item] = []
         self._seq = 0
+        self.serving = 0.0  # true time at which the request being served reached the server
         self.dead: set[str] = set()
         self.paused_until: dict[str, float] = {}
 
@@ -77,9 +79,13 @@ class World:
             each()
         self.now = end
 
-    def server_time(self) -> datetime:
-        """The API server's clock: the true timeline (its own offset is irrelevant here)."""
-        return BASE + timedelta(seconds=self.now)
+    def server_time(self, serving: bool = False) -> datetime:
+        """The API server's clock: the true timeline (its own offset is irrelevant here).
+
+        ``serving``: the instant the request now being served reached the server (the
+        step's start plus the time its process has spent in requests so far).
+        """
+        return BASE + timedelta(seconds=max(self.now, self.serving) if serving else self.now)
 
 
 @dataclass
@@ -121,14 +127,18 @@ class SimApi:
     host = "https://sim.invalid"
 
     def __init__(self, world: World, server: ModelServer, clock: LocalClock, name: str,
-                 faults: Faults | None = None, rtt: float = 0.002) -> None:
+                 faults: Faults | None = None, rtt: float = 0.002, user: str = "") -> None:
         self.world, self.server, self.local, self.name = world, server, clock, name
+        self.user = user or name  # the username the API server (and its policies) see
         self.faults = faults or Faults()
         self.rtt = rtt
         self.clock = ServerClock()
         self.elapsed = 0.0  # true seconds this process has spent inside the current step
         self.requests = 0
         self.blocked = 0.0  # true seconds the current step is blocked by a hung request
+        self.hung_at = -1e9  # true time this process's last hung request was sent
+        self.conflicts = 0  # 409 answers to writes (a pool's wasted attempts)
+        self.forbidden = 0  # 403 answers: an admission policy refused a write
 
     # -- the KubeApi surface ----------------------------------------------------------------
     def monotonic(self) -> float:
@@ -146,7 +156,7 @@ class SimApi:
         pass
 
     def whoami(self) -> str:
-        return self.name
+        return self.user
 
     def request(self, method: str, path: str, body: Any = None, *,
                 query: dict[str, str] | None = None, content_type: str | None = None,
@@ -154,7 +164,14 @@ class SimApi:
         self.requests += 1
         fault = self.faults.draw(self.world.rng) if path != "/version" else None
         sent = self.monotonic()
+        if self.blocked:
+            # The world stands still during a step, so a process that waited out a hung
+            # request cannot see what happened meanwhile: for the rest of this step the
+            # server stays unreachable (its next step sees the world as it then is).
+            self.elapsed += self.rtt
+            raise UnavailableError(0, "Unavailable", f"{method} {path}: still no answer")
         if fault == "hung":
+            self.hung_at = self.world.now + self.elapsed
             self.elapsed += timeout
             self.blocked += timeout
             raise UnavailableError(0, "Unavailable", f"{method} {path}: read timed out")
@@ -165,10 +182,11 @@ class SimApi:
             self.elapsed += self.rtt
             raise self.world.rng.choice([RuntimeError("credential refresh failed"),
                                          KeyError("status"), ValueError("malformed response")])
-        if fault == "conflict_storm" and method == "PATCH":
+        if fault == "conflict_storm" and method == "PATCH" and path.endswith("/status"):
             self.server.touch_metadata(path.split("/")[-2])
         self.elapsed += self.rtt / 2
         server_seconds = int(BASE_UNIX + self.world.now + self.elapsed)
+        self.world.serving = self.world.now + self.elapsed
         try:
             status, data = 200, self._serve(method, path, body)
         except ModelError as err:
@@ -178,6 +196,8 @@ class SimApi:
         self.clock.observe(sent, received, server_seconds)
         if fault == "response_lost":
             raise UnavailableError(0, "Unavailable", f"{method} {path}: response lost")
+        self.conflicts += status == 409 and method == "PATCH"
+        self.forbidden += status == 403
         if status != 200:
             raise _error(status, data["message"])
         return Response(status, data, sent, received)
@@ -186,6 +206,8 @@ class SimApi:
         if path == "/version":
             return {"gitVersion": "sim"}
         parts = path.split("?")[0].strip("/").split("/")
+        if parts[:2] == ["api", "v1"]:
+            return self._serve_pod(method, parts, body)
         # apis/joblease.dev/v1alpha1/namespaces/NS/jobleases[/NAME[/status]]
         name = parts[6] if len(parts) > 6 else None
         if method == "GET" and name is None:
@@ -193,16 +215,26 @@ class SimApi:
         if method == "GET":
             return self.server.get(name or "")
         if method == "PATCH" and len(parts) > 7 and parts[7] == "status":
-            return self.server.patch_status(name or "", body)
+            return self.server.patch_status(name or "", body, self.user)
         if method == "POST":
-            return self.server.create(body["metadata"]["name"], body.get("spec") or {})
+            return self.server.create(body["metadata"]["name"], body.get("spec") or {},
+                                      body["metadata"].get("labels"))
         if method == "DELETE":
             self.server.delete(name or "")
             return {}
         raise ModelError(405, f"{method} {path} is not modelled")
 
+    def _serve_pod(self, method: str, parts: list[str], body: Any) -> dict[str, Any]:
+        # api/v1/namespaces/NS/pods/NAME
+        name = parts[5] if len(parts) > 5 else ""
+        if method == "GET" and name:
+            return self.server.get_pod(name)
+        if method == "PATCH" and name:
+            return self.server.patch_pod(name, body, self.user)
+        raise ModelError(405, f"{method} /{'/'.join(parts)} is not modelled")
+
 
 def _error(status: int, message: str) -> ApiError:
-    kind: type[ApiError] = {409: ConflictError, 404: NotFoundError, 422: InvalidError}.get(
-        status, ApiError)
+    kind: type[ApiError] = {409: ConflictError, 404: NotFoundError, 422: InvalidError,
+                             403: ForbiddenError}.get(status, ApiError)
     return kind(status, "", message)
