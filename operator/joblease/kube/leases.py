@@ -69,8 +69,13 @@ class LeaseCall(Generic[T]):
 
 @dataclass(frozen=True)
 class Page:
-    """One page of a list: the objects, the list's resourceVersion (where a watch resumes)
-    and the ``continue`` token of the next page (empty on the last)."""
+    """One page of a list.
+
+    Attributes:
+        items: The objects, raw.
+        resource_version: The list's resourceVersion, where a watch resumes.
+        next_token: The ``continue`` token of the next page (empty on the last).
+    """
 
     items: builtins.list[dict[str, Any]]
     resource_version: str

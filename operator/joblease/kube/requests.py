@@ -135,8 +135,11 @@ def build_request(method: str, path: str, body: Any = None, *,
 
 
 def decode_body(data: bytes | None) -> dict[str, Any]:
-    """A response body as a dict: JSON objects as they are, a JSON list under ``items``,
-    anything else (a proxy's HTML page) as a ``message`` so errors can still quote it."""
+    """A response body as a dict.
+
+    JSON objects as they are, a JSON list under ``items``, anything else (a proxy's HTML
+    page) as a ``message``, so an error can still quote it.
+    """
     if not data:
         return {}
     try:
@@ -156,8 +159,9 @@ def error_for(status: int, reason: str, body: dict[str, Any], method: str, path:
 
 
 def watch_event(line: bytes, path: str) -> tuple[str, dict[str, Any]]:
-    """One line of a watch stream: its type (``ADDED``, ``MODIFIED``, ``DELETED``,
-    ``BOOKMARK``) and object.
+    """One line of a watch stream: its type and object.
+
+    The type is ``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK`` (only a resourceVersion).
 
     Raises:
         ApiError: an ``ERROR`` event (its object is a ``Status``; a 410 is ``GoneError``:
