@@ -117,6 +117,14 @@ class LeaseExpiredError(LeaseLostError):
         self.holder, self.generation, self.lease_until = holder, generation, lease_until
 
 
+class RenewalStoppedError(LeaseLostError):
+    """A holding's renewal ended without a requested stop (an error nobody planned for).
+
+    Declared as a loss because nothing renews the lease any more: fail safe, never silent.
+    Raised by both holdings (``joblease.sdk.Holding``, ``joblease.aio.AsyncLeaseHolding``).
+    """
+
+
 class LeaseNotFoundError(LeaseError):
     """No JobLease of that name exists."""
 
