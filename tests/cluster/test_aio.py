@@ -295,6 +295,48 @@ def test_ten_coroutines_work_through_a_pool(cluster: Any, leases: LeaseClient) -
     assert late is not None and late.name == "item-late" and woke_after < 3
 
 
+def test_a_pool_wakes_at_a_holders_end_and_close_ends_a_waiting_claimer(
+        cluster: Any, leases: LeaseClient) -> None:
+    leases.store.create(leases.namespace, "item", {"leaseDurationSeconds": 2},
+                        labels={"pool": "p"})
+    held = leases.claim("item", holder="elsewhere")  # never renewed: it ends on its own
+
+    async def main() -> tuple[AsyncLease | None, float, AsyncLease | None, float]:
+        async with client_for(cluster, leases.namespace) as client, \
+                client.pool("pool=p") as pool:
+            started = time.monotonic()
+            taken = await pool.claim_next("a", timeout=15)  # no event comes: the wake-up
+            took = time.monotonic() - started
+            assert taken is not None
+            await taken.complete()
+            assert await pool.claim_next("a", timeout=5, until_empty=True) is None
+            waiting = asyncio.ensure_future(pool.claim_next("b", timeout=30))
+            await asyncio.sleep(0.3)
+            closed_at = time.monotonic()
+            await pool.close()
+            after_close = await waiting
+            return taken, took, after_close, time.monotonic() - closed_at
+
+    taken, took, after_close, close_took = run(main)
+    assert taken is not None and taken.generation == held.generation + 1
+    assert took < 4  # held for 2 s from the claim, plus margin and the Date's second
+    assert after_close is None and close_took < 1
+
+
+def test_a_pool_the_identity_may_not_list_raises_at_once(cluster: Any, leases: LeaseClient
+                                                        ) -> None:
+    from joblease.kube.api import ForbiddenError
+
+    async def main() -> float:
+        async with client_for(cluster, leases.namespace, "alice", calibrate=False) as client:
+            started = time.monotonic()
+            with pytest.raises(ForbiddenError):
+                await client.claim_next("pool=p", "alice", timeout=20)
+            return time.monotonic() - started
+
+    assert run(main) < 5  # a refusal is not waited out like an outage
+
+
 # -- helpers ----------------------------------------------------------------------------------
 
 class _SlowCallbacks(logging.Handler):

@@ -17,9 +17,9 @@ call blocks the event loop and no thread is started per lease. Reference: ``docs
 
 from joblease.aio.client import AsyncLease, AsyncLeaseClient
 from joblease.aio.hold import AsyncLeaseHolding
-from joblease.aio.pool import AsyncPool
+from joblease.aio.pool import AsyncPool, PoolClosedError
 from joblease.domain.errors import RenewalStoppedError
 from joblease.kube.aioapi import AsyncKubeApi
 
 __all__ = ["AsyncKubeApi", "AsyncLease", "AsyncLeaseClient", "AsyncLeaseHolding", "AsyncPool",
-           "RenewalStoppedError"]
+           "PoolClosedError", "RenewalStoppedError"]

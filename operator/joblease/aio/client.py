@@ -50,7 +50,7 @@ from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.api import UnavailableError
 from joblease.kube.identity import default_holder, new_claim_id
-from joblease.kube.transact import Outcome, atransact
+from joblease.kube.transact import MAX_CONFLICTS, Outcome, atransact
 
 
 class AsyncLeaseClient:
@@ -90,6 +90,7 @@ class AsyncLeaseClient:
         self._calibration_due = calibrate
         self._calibration_lock = asyncio.Lock()
         self._identity: str | None = None
+        self._pools: dict[str | None, AsyncPool] = {}
         self._closed = False
 
     async def calibrate(self) -> timedelta:
@@ -130,6 +131,9 @@ class AsyncLeaseClient:
         if self._closed:
             return
         self._closed = True
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.close()
         if self._owns_api:
             await self.api.close()
 
@@ -175,14 +179,20 @@ class AsyncLeaseClient:
         """
         await self._calibrate_if_due()
         who = await self.resolve_holder(holder)
+        return await self._claim(name, who, claim_id or new_claim_id(), observed=observed)
+
+    async def _claim(self, name: str, who: str, claim_id: str, *,
+                     observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS
+                     ) -> AsyncLease:
+        """One claim as ``who`` under ``claim_id`` (a pool passes ``max_conflicts=1``)."""
         margin = await self.margin()
-        cid = claim_id or new_claim_id()
-        outcome = await atransact(self.store, self.namespace, name,
-                                  lambda obs, now: decide_claim(obs, who, now, margin, cid),
-                                  observed=observed)
+        outcome = await atransact(
+            self.store, self.namespace, name,
+            lambda obs, now: decide_claim(obs, who, now, margin, claim_id),
+            observed=observed, max_conflicts=max_conflicts)
         if outcome.transition is not None and outcome.transition.kind == "failed":
             raise finished_error(outcome.observed, outcome.transition)
-        return AsyncLease(self, who, cid, outcome, await self.margin())
+        return AsyncLease(self, who, claim_id, outcome, await self.margin())
 
     async def resume(self, name: str, holder: str | None, token: FencingToken,
                      claim_id: str | None = None) -> AsyncLease:
@@ -256,18 +266,20 @@ class AsyncLeaseClient:
         return AsyncPool(self, selector, spread=spread)
 
     async def claim_next(self, selector: str | None, holder: str | None = None, *,
-                         timeout: float | None = None) -> AsyncLease | None:
-        """Claim the next claimable JobLease of a pool; ``None`` if none could be claimed in time.
+                         timeout: float | None = None, spread: int = DEFAULT_SPREAD,
+                         until_empty: bool = False) -> AsyncLease | None:
+        """Claim the next claimable JobLease of a pool; ``None`` if none was claimed in time.
 
-        A one-shot :meth:`pool` (its own list and watch): for many claims, keep a pool.
-
-        Raises:
-            UnavailableError: a claim's answer was lost and ``timeout`` ran out while it was
-                retried (it may have landed; it then expires unheld).
-            ApiError: a claim was refused for another reason (``ForbiddenError``, …).
+        A convenience over one :meth:`pool` per selector, kept open (and shared by the
+        client's coroutines) until :meth:`close`. Semantics: :meth:`AsyncPool.claim_next`.
         """
-        async with self.pool(selector) as pool:
-            return await pool.claim_next(holder, timeout=timeout)
+        if self._closed:
+            raise RuntimeError("the AsyncLeaseClient is closed")
+        pool = self._pools.get(selector)
+        if pool is None:
+            pool = self._pools[selector] = self.pool(selector)
+        return await pool.claim_next(holder, timeout=timeout, spread=spread,
+                                     until_empty=until_empty)
 
 
 class AsyncLease:

@@ -3,16 +3,18 @@
 ``joblease.domain.pool.PoolView`` decides what to claim next and when to look again (its
 docstring: candidates by priority then age, rendezvous choice among the first few, a name
 set aside after a refused claim until a newer version of it arrives, the next wake-up).
-This module only keeps the view fed — one task lists the pool once, then watches it from
-the list's resourceVersion, resuming after each watch ends and listing again after a 410 —
-and drives the claims:
+This module keeps the view fed — one task lists the pool once, then watches it from the
+list's resourceVersion, resuming after each watch ends and listing again after a 410 —
+and drives the claims, with the semantics of the thread-based pool (``docs/sdk.md``):
 
-1. the candidate the view chooses for this holder is claimed from its cached version (safe
-   when stale: the write is conditional, a refusal is confirmed from a fresh read);
-2. a refused claim (held, finished, backing off, gone) sets the name aside;
-3. a claim whose answer was lost (``UnavailableError``, contention) is retried on the same
-   name with the same claim id, so a claim that landed is adopted, never refused;
-4. with nothing to claim, wait for a watch event, the view's next wake-up, or the timeout.
+1. choose from the cache (no request to find work);
+2. claim the chosen lease with one conditional write decided from the cached version; if
+   it is refused (409, held, resting, finished, gone) set the name aside and choose again
+   at once: a lost race costs one request;
+3. if the write's answer is lost, retry the same name with the same claim id from a fresh
+   read, so a claim that landed is adopted, never refused or orphaned;
+4. fold the claim's answer into the view, so the next choice already knows;
+5. with nothing claimable, wait for a watch event, the view's next wake-up, or the timeout.
 """
 
 from __future__ import annotations
@@ -23,18 +25,25 @@ import logging
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from joblease.domain.errors import LeaseNotFoundError, LeaseUnavailableError
+from joblease.domain.errors import JobleaseError, LeaseNotFoundError, LeaseUnavailableError
 from joblease.domain.holder import retry_delay
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
-from joblease.kube.api import GoneError, UnavailableError
+from joblease.kube.api import ApiError, ConflictError, GoneError, UnavailableError
 from joblease.kube.identity import new_claim_id
+from joblease.kube.transact import MAX_CONFLICTS, ContentionError
 
 if TYPE_CHECKING:
     from joblease.aio.client import AsyncLease, AsyncLeaseClient
 
 log = logging.getLogger("joblease.aio")
 MIN_WAIT = 0.01
+FIRST_PAUSE = 0.05
+LOST_ANSWER_PAUSE_MAX = 2.0
+
+
+class PoolClosedError(JobleaseError, RuntimeError):
+    """The pool's watch stopped on an unexpected error (named as the cause)."""
 
 
 class AsyncPool:
@@ -46,6 +55,8 @@ class AsyncPool:
     Attributes:
         view: The pure view of the pool (``PoolView``) the watch keeps current.
         watch_errors: Lists or watches that failed and were retried (with backoff).
+        conflicts: Claims refused (how often claimers collided).
+        claims: Claims won.
     """
 
     def __init__(self, client: AsyncLeaseClient, selector: str | None, *,
@@ -55,8 +66,13 @@ class AsyncPool:
         self.spread = spread
         self.view = PoolView()
         self.watch_errors = 0
+        self.conflicts = 0
+        self.claims = 0
         self._changed = asyncio.Event()
-        self._synced = asyncio.Event()
+        self._synced = False
+        self._trouble: ApiError | None = None
+        self._dead: Exception | None = None
+        self._closed = False
         self._follower: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
@@ -75,74 +91,141 @@ class AsyncPool:
         await self.close()
 
     async def close(self) -> None:
-        """Stop watching (idempotent)."""
+        """Stop watching (idempotent); a waiting ``claim_next`` returns ``None``."""
+        self._closed = True
+        self._signal()
         follower, self._follower = self._follower, None
         if follower is not None:
             follower.cancel()
             await asyncio.wait([follower])
 
-    async def claim_next(self, holder: str | None = None, *, timeout: float | None = None
+    async def claim_next(self, holder: str | None = None, *, timeout: float | None = None,
+                         spread: int | None = None, until_empty: bool = False
                          ) -> AsyncLease | None:
-        """Claim the best candidate for ``holder``; ``None`` if none was claimed in ``timeout``.
+        """Claim the next claimable JobLease of the pool, waiting up to ``timeout`` seconds.
 
-        ``timeout=None`` waits until one is claimed. Steps 1-4 of the module doc.
+        Args:
+            holder: As for ``claim`` (``None``: ``default_holder()``).
+            timeout: Seconds to wait; ``None`` waits until one is claimed, ``0`` tries what
+                the view holds now.
+            spread: How many of the first candidates of the top priority to choose among.
+            until_empty: Return ``None`` at once when no unfinished lease is left.
+
+        Returns:
+            The held lease, or ``None``: the timeout passed, the pool was closed, or (with
+            ``until_empty``) it is empty.
 
         Raises:
-            UnavailableError: ``timeout`` ran out while a claim whose answer was lost was
-                being retried (it may have landed, and then expires unheld).
-            ApiError: a claim was refused for another reason (``ForbiddenError``, …).
+            UnavailableError: no list arrived before the timeout, or a claim's answer was
+                lost and the server stayed unreachable until then (it may have landed: it
+                expires on its own).
+            ApiError: the list, watch or a claim was refused (``ForbiddenError``: RBAC must
+                allow ``list`` and ``watch`` on jobleases).
+            PoolClosedError: the pool's watch stopped on an unexpected error.
         """
         self._start()
         client = self.client
         await client._calibrate_if_due()
         who = await client.resolve_holder(holder)
         end = None if timeout is None else client.api.monotonic() + timeout
-        retry: tuple[str, str] | None = None  # a claim whose answer was lost: name, claim id
-        lost: UnavailableError | None = None
+        width = self.spread if spread is None else spread
         while True:
-            changed, wait = self._changed, None  # before looking: no event slips in between
-            if self._synced.is_set():
-                now = await client.api.server_now()
-                margin = await client.margin()
-                obs = self.view.get(retry[0]) if retry else self.view.choose(
-                    who, now, margin, self.spread)
-                if obs is None:
-                    retry = None  # the name left the pool (deleted): nothing to adopt
-                if obs is not None:
-                    claim_id = retry[1] if retry else new_claim_id()
-                    retry = None
-                    try:
-                        lease = await client.claim(obs.name, who, observed=obs,
-                                                   claim_id=claim_id)
-                    except (LeaseUnavailableError, LeaseNotFoundError):
-                        self.view.set_aside(obs.name)  # 2
-                        continue
-                    except UnavailableError as err:
-                        retry, lost = (obs.name, claim_id), err  # 3
-                        wait = retry_delay(1)
-                    else:
-                        self.view.learn(lease.observed)
-                        return lease
-                else:
-                    wake = self.view.next_wake(now, margin)
-                    if wake is not None:
-                        wait = max(MIN_WAIT, (wake - now.earliest).total_seconds())
-            left = None if end is None else end - client.api.monotonic()
-            if left is not None and left <= 0:
-                if retry is not None and lost is not None:
-                    raise lost
+            chosen = await self._choose_or_wait(who, end, width, until_empty)
+            if chosen is None:
                 return None
-            await _until(changed, _least(wait, left))  # 4
+            lease = await self._claim(chosen, who, end)
+            if lease is not None:
+                return lease
+
+    # -- choosing and waiting ---------------------------------------------------------------
+
+    async def _choose_or_wait(self, who: str, end: float | None, spread: int,
+                              until_empty: bool) -> Observed | None:
+        """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
+        await self._wait_synced(end)
+        api = self.client.api
+        while True:
+            if self._closed:
+                self._raise_if_dead()
+                return None  # closed under a waiting claim: a worker's loop ends
+            changed = self._changed  # before looking: no event slips in between
+            now = await api.server_now()
+            margin = await self.client.margin()
+            chosen = self.view.choose(who, now, margin, spread)  # 1
+            if chosen is not None:
+                return chosen
+            if until_empty and self.view.unfinished() == 0:
+                return None
+            left = None if end is None else end - api.monotonic()
+            if left is not None and left <= 0:
+                return None
+            wake = self.view.next_wake(now, margin)
+            wait = None if wake is None else max(MIN_WAIT, (wake - now.earliest).total_seconds())
+            await _until(changed, _least(wait, left))  # 5
+
+    async def _wait_synced(self, end: float | None) -> None:
+        """Wait for the first list; raise a refusal (403, no CRD, bad selector) at once."""
+        api = self.client.api
+        while not self._synced and not self._closed:
+            if self._trouble is not None and not isinstance(self._trouble, UnavailableError):
+                raise self._trouble
+            left = None if end is None else end - api.monotonic()
+            if left is not None and left <= 0:
+                if self._trouble is not None:
+                    raise self._trouble
+                raise UnavailableError(0, "NotSynced", f"JobLease pool {self.selector!r}: no "
+                                       "list of its leases within the timeout")
+            await _until(self._changed, left)
+
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise PoolClosedError(f"JobLease pool {self.selector!r}: its watch stopped: "
+                                  f"{self._dead!r}") from self._dead
+
+    # -- claiming -----------------------------------------------------------------------------
+
+    async def _claim(self, chosen: Observed, who: str, end: float | None) -> AsyncLease | None:
+        """Claim ``chosen`` (steps 2-4); ``None``: lost it, choose again."""
+        claim_id = new_claim_id()
+        observed: Observed | None = chosen
+        pause = FIRST_PAUSE
+        while True:
+            try:
+                lease = await self.client._claim(
+                    chosen.name, who, claim_id, observed=observed,
+                    max_conflicts=1 if observed is not None else MAX_CONFLICTS)
+            except (LeaseUnavailableError, LeaseNotFoundError, ConflictError, ContentionError):
+                self.conflicts += 1
+                self.view.set_aside(chosen.name)  # 2
+                return None
+            except UnavailableError:
+                if end is not None and self.client.api.monotonic() + pause >= end:
+                    raise
+                await asyncio.sleep(pause)  # 3: same name, same claim id, fresh read
+                pause = min(LOST_ANSWER_PAUSE_MAX, pause * 2)
+                observed = None
+                continue
+            self.view.learn(lease.observed)  # 4
+            self.claims += 1
+            return lease
 
     # -- the watch ------------------------------------------------------------------------
 
     def _start(self) -> None:
-        if self._follower is None:
+        if self._follower is None and not self._closed:
             self._follower = asyncio.get_running_loop().create_task(
                 self._follow(), name=f"joblease-pool-{self.selector}")
 
     async def _follow(self) -> None:
         """List, then watch from the list's version; resume after each end; list after 410."""
+        try:
+            await self._feed()
+        except Exception as err:  # a bug must not leave claimers waiting on a dead watch
+            log.exception("JobLease pool %r: the watch stopped", self.selector)
+            self._dead, self._closed = err, True
+            self._signal()
+
+    async def _feed(self) -> None:
         store, namespace = self.client.store, self.client.namespace
         failures = 0
         while True:
@@ -150,18 +233,20 @@ class AsyncPool:
                 if self.view.resource_version is None:
                     items, version = await store.list_pool(namespace, self.selector)
                     self.view.replace(items, version)
-                    self._synced.set()
+                    self._synced, self._trouble = True, None
                     self._signal()
                 await store.watch_pool(namespace, self.selector,
                                        self.view.resource_version or "", self._on_event)
                 failures = 0
             except GoneError:
                 self.view.resource_version = None  # the watch's history is gone: list again
-            except Exception as err:
+            except ApiError as err:
                 failures += 1
                 self.watch_errors += 1
-                log.warning("pool %s: list/watch failed (%s: %s); retrying in %.2fs",
-                            self.selector, type(err).__name__, err, retry_delay(failures))
+                self._trouble = err
+                self._signal()
+                log.warning("JobLease pool %r: list/watch failed (%s); retrying in %.2fs",
+                            self.selector, err, retry_delay(failures))
                 await asyncio.sleep(retry_delay(failures))
 
     def _on_event(self, kind: str, obj: dict[str, Any]) -> None:
@@ -170,7 +255,8 @@ class AsyncPool:
             try:
                 obs = Observed.from_object(obj)
             except (KeyError, TypeError, ValueError) as err:  # never stall on one object
-                log.warning("pool %s: skipping an unreadable JobLease (%s)", self.selector, err)
+                log.warning("JobLease pool %r: skipping an unreadable JobLease (%s)",
+                            self.selector, err)
             else:
                 self.view.apply(kind, obs)
                 self._signal()
@@ -178,7 +264,7 @@ class AsyncPool:
             self.view.resource_version = version
 
     def _signal(self) -> None:
-        """Wake every claimer waiting on the view (each captured the event before looking)."""
+        """Wake every coroutine waiting on the pool (each captured the event before looking)."""
         self._changed.set()
         self._changed = asyncio.Event()
 
