@@ -147,3 +147,43 @@ def lease_object(name: str, status: dict[str, Any] | None = None, namespace: str
     if status is not None:
         obj["status"] = status
     return obj
+
+
+class AsyncStoreOver:
+    """A sync ``LeaseStore`` (over the in-memory API server) behind the asyncio store surface.
+
+    Lets the transact tests drive ``atransact`` through exactly the requests, clock and
+    faults they give ``transact``: each test then pins both drivers of the one loop.
+    """
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.api = _AsyncApiOver(store.api)
+
+    async def get(self, namespace: str, name: str, timeout: float = 10.0) -> Any:
+        return self.store.get(namespace, name, timeout)
+
+    async def write_status(self, observed: Any, status: Any, timeout: float = 10.0) -> Any:
+        return self.store.write_status(observed, status, timeout)
+
+
+class _AsyncApiOver:
+    def __init__(self, api: Any) -> None:
+        self._api = api
+
+    def monotonic(self) -> float:
+        return float(self._api.monotonic())
+
+    async def server_now(self) -> ServerNow:
+        now: ServerNow = self._api.server_now()
+        return now
+
+
+def transact_via_async(store: Any, namespace: str, name: str, decide: Any, **kwargs: Any
+                       ) -> Any:
+    """``transact``'s signature, performed by ``atransact`` in a fresh event loop."""
+    import asyncio
+
+    from joblease.kube.transact import atransact
+
+    return asyncio.run(atransact(AsyncStoreOver(store), namespace, name, decide, **kwargs))

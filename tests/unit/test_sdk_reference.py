@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 import joblease
+import joblease.aio
 import joblease.sdk
+from joblease.aio import AsyncLease, AsyncLeaseClient, AsyncLeaseHolding, AsyncPool
 from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, Pool
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "sdk.md"
@@ -25,13 +27,15 @@ def _code_words() -> set[str]:
     return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", " ".join(code)))
 
 
-@pytest.mark.parametrize("module", [joblease, joblease.sdk], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [joblease, joblease.sdk, joblease.aio],
+                         ids=lambda m: m.__name__)
 def test_every_exported_name_is_in_the_reference(module: object) -> None:
     missing = sorted(set(module.__all__) - _code_words())  # type: ignore[attr-defined]
     assert missing == [], f"docs/sdk.md does not mention {missing}"
 
 
-@pytest.mark.parametrize("cls", [LeaseClient, Lease, Holding, AsyncHolding, Pool],
+@pytest.mark.parametrize("cls", [LeaseClient, Lease, Holding, AsyncHolding, Pool,
+                                 AsyncLeaseClient, AsyncLease, AsyncLeaseHolding, AsyncPool],
                          ids=lambda c: c.__name__)
 def test_every_public_method_of_the_main_classes_is_in_the_reference(cls: type) -> None:
     public = {name for name in vars(cls) if not name.startswith("_")}

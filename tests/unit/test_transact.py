@@ -21,9 +21,17 @@ from joblease.domain.lease import Claim, Observed, Phase, Transition, decide_cla
 from joblease.kube.api import ConflictError, InvalidError
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import MAX_CONFLICTS, ContentionError, transact
-from support.fakekube import T_NOW, FakeKubeApi, lease_object
+from support.fakekube import T_NOW, FakeKubeApi, lease_object, transact_via_async
 
 MARGIN = timedelta(milliseconds=250)
+
+
+@pytest.fixture(autouse=True, params=["sync", "async"])
+def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs against both drivers of the one loop: ``transact`` and ``atransact``."""
+    if request.param == "async":
+        monkeypatch.setitem(globals(), "transact", transact_via_async)
+    return str(request.param)
 PATCH = ("PATCH", "/apis/joblease.dev/v1alpha1/namespaces/ns/jobleases/job/status")
 GET = ("GET", "/apis/joblease.dev/v1alpha1/namespaces/ns/jobleases/job")
 

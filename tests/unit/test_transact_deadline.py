@@ -17,9 +17,17 @@ from joblease.domain.lease import decide_claim
 from joblease.kube.api import DEFAULT_TIMEOUT, ConflictError, Response, UnavailableError
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import ContentionError, transact
-from support.fakekube import FakeKubeApi, lease_object
+from support.fakekube import FakeKubeApi, lease_object, transact_via_async
 
 MARGIN = timedelta(milliseconds=250)
+
+
+@pytest.fixture(autouse=True, params=["sync", "async"])
+def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs against both drivers of the one loop: ``transact`` and ``atransact``."""
+    if request.param == "async":
+        monkeypatch.setitem(globals(), "transact", transact_via_async)
+    return str(request.param)
 
 
 class TimedApi(FakeKubeApi):

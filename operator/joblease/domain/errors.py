@@ -34,6 +34,14 @@ class JobleaseError(Exception):
     """
 
 
+class PoolClosedError(JobleaseError, RuntimeError):
+    """A work pool was closed, or its watch stopped on an unexpected error (the cause).
+
+    One class for the thread-based ``joblease.sdk.Pool`` and ``joblease.aio.AsyncPool``, so
+    code that uses both catches one error.
+    """
+
+
 class LeaseError(JobleaseError):
     """Base of every joblease protocol error."""
 
@@ -115,6 +123,14 @@ class LeaseExpiredError(LeaseLostError):
         super().__init__(name, f"lease {name!r} of {holder!r} at generation {generation} "
                                f"expired at {until} (server time); claim it again")
         self.holder, self.generation, self.lease_until = holder, generation, lease_until
+
+
+class RenewalStoppedError(LeaseLostError):
+    """A holding's renewal ended without a requested stop (an error nobody planned for).
+
+    Declared as a loss because nothing renews the lease any more: fail safe, never silent.
+    Raised by both holdings (``joblease.sdk.Holding``, ``joblease.aio.AsyncLeaseHolding``).
+    """
 
 
 class LeaseNotFoundError(LeaseError):

@@ -14,33 +14,50 @@ server's own message, so callers never parse HTTP.
 from __future__ import annotations
 
 import contextlib
-import json
-import logging
-import math
 import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import timedelta
-from email.utils import parsedate_to_datetime
 from typing import Any
 from urllib.parse import urlencode
 
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.errors import JobleaseError
+
+# What a request is and what its answer means (headers, typed errors, the Date header's
+# fold into the clock) is shared with the asyncio client; the names stay importable here.
+from joblease.kube.requests import (
+    DEFAULT_TIMEOUT,
+    MAX_SERVER_SKEW_ENV,
+    MERGE_PATCH,
+    ApiError,
+    ConflictError,
+    ForbiddenError,
+    GoneError,
+    InvalidError,
+    NotFoundError,
+    Response,
+    UnavailableError,
+    build_request,
+    calibration_pause,
+    decode_body,
+    error_for,
+    fold_date,
+    server_time,
+    watch_event,
+)
 
 # The ``kubernetes`` package (and urllib3 under it) is imported where a client is built,
 # not here: it costs 0.3-0.4 s of CPU, and the CLI's one-shot verbs use the light transport
 # in ``joblease.kube.lite`` instead (issue 18, item 5).
 
-MERGE_PATCH = "application/merge-patch+json"
-DEFAULT_TIMEOUT = 10.0
-MAX_SERVER_SKEW_ENV = "JOBLEASE_MAX_SERVER_SKEW"
 CLOCK_TRACK_TTL_ENV = "JOBLEASE_CLOCK_TRACK_TTL"
 DEFAULT_TRACK_TTL = 60.0
 
-log = logging.getLogger(__name__)
+__all__ = [
+    "CLOCK_TRACK_TTL_ENV", "DEFAULT_TIMEOUT", "DEFAULT_TRACK_TTL", "MAX_SERVER_SKEW_ENV",
+    "MERGE_PATCH", "ApiError", "ConflictError", "ForbiddenError", "GoneError", "InvalidError",
+    "KubeApi", "NotFoundError", "Response", "UnavailableError", "clock_from_env",
+]
 
 
 def clock_from_env(environ: dict[str, str] | None = None) -> ServerClock:
@@ -70,57 +87,6 @@ def clock_from_env(environ: dict[str, str] | None = None) -> ServerClock:
 
     return ServerClock(max_skew=seconds(MAX_SERVER_SKEW_ENV, 0.0),
                        track_ttl=seconds(CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL))
-
-
-class ApiError(JobleaseError):
-    """A request the API server answered with an error status (or that did not arrive).
-
-    A ``JobleaseError``, so one ``except`` covers protocol refusals and API failures alike.
-    """
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}" if status else message)
-        self.status, self.reason, self.message = status, reason, message
-
-
-class ConflictError(ApiError):
-    """409: the object changed since it was read. Re-read and decide again; never retry blindly."""
-
-
-class NotFoundError(ApiError):
-    """404: no such object."""
-
-
-class InvalidError(ApiError):
-    """422 (or 400): the API server's schema, CEL rules or admission refused the write."""
-
-
-class ForbiddenError(ApiError):
-    """403: RBAC or an admission policy refused the request."""
-
-
-class UnavailableError(ApiError):
-    """The request did not get an answer (connection refused, timeout, 5xx)."""
-
-
-class GoneError(ApiError):
-    """410: a watch (or list) asked for a resourceVersion the server no longer keeps: re-list."""
-
-
-_BY_STATUS: dict[int, type[ApiError]] = {
-    409: ConflictError, 404: NotFoundError, 422: InvalidError, 400: InvalidError,
-    403: ForbiddenError, 410: GoneError,
-}
-
-
-@dataclass(frozen=True)
-class Response:
-    """A successful response: the decoded body, and the local monotonic send/receive times."""
-
-    status: int
-    body: dict[str, Any]
-    sent: float
-    received: float
 
 
 class KubeApi:
@@ -173,12 +139,7 @@ class KubeApi:
         if not self.clock.known:
             self.request("GET", "/version")
         with self._lock:
-            if not self.clock.known:
-                raise UnavailableError(
-                    0, "NoDate", f"the API server at {self.host} answered without a usable "
-                    "Date header, so its clock cannot be estimated; joblease judges expiry "
-                    "only on the server's clock (is a proxy stripping Date?)")
-            return self.clock.now(self.monotonic())
+            return server_time(self.clock, self.monotonic(), self.host)
 
     def calibrate(self, max_seconds: float = 1.5, target_error: float = 0.01) -> float:
         """Sample ``/version`` until the server's second ticks over, narrowing the clock estimate.
@@ -192,19 +153,10 @@ class KubeApi:
         """
         deadline = self.monotonic() + max_seconds
         self.request("GET", "/version")
-        # The configured inter-server allowance (docs/ha.md) is not something sampling can
-        # narrow: judge the sampled interval without it.
-        skew = timedelta(seconds=self.clock.max_skew)
-        while self.monotonic() < deadline:
-            now = self.server_now()
-            if (now.error - skew).total_seconds() <= target_error:
-                break
-            # the next second boundary after the earliest possible server time: if the
-            # interval already straddles it, poll now; otherwise sleep until it may come
-            boundary = math.floor((now.earliest + skew).timestamp()) + 1
-            wait = boundary - (now.latest - skew).timestamp() - target_error
-            time.sleep(min(max(0.0, wait), max(0.0, deadline - self.monotonic())))
-            time.sleep(target_error / 2)
+        while (pause := calibration_pause(self.server_now(), self.clock.max_skew,
+                                          target_error, deadline - self.monotonic())
+               ) is not None:
+            time.sleep(pause)
             self.request("GET", "/version")
         return self.clock.error_bound(self.monotonic()).total_seconds()
 
@@ -212,25 +164,20 @@ class KubeApi:
                 query: dict[str, str] | None = None, content_type: str | None = None,
                 timeout: float = DEFAULT_TIMEOUT) -> Response:
         """Send one request; return the decoded body or raise a typed ``ApiError``."""
-        if query:
-            path = f"{path}?{urlencode(query)}"
-        headers = {"Accept": "application/json"}
-        if body is not None:
-            headers["Content-Type"] = content_type or "application/json"
-        serialized = self._client.param_serialize(method, path, header_params=headers,
-                                                  body=body, auth_settings=["BearerToken"])
+        req = build_request(method, path, body, query=query, content_type=content_type)
+        serialized = self._client.param_serialize(req.method, req.path,
+                                                  header_params=req.headers, body=req.body,
+                                                  auth_settings=["BearerToken"])
         sent = self.monotonic()
         try:
             raw = self._client.call_api(*serialized, _request_timeout=timeout)
             data = raw.read()
         except self._transport_errors as err:
-            raise UnavailableError(0, "Unavailable", f"{method} {path}: {err}") from err
+            raise req.unavailable(err) from err
         received = self.monotonic()
         self._observe_date(raw.headers.get("Date"), sent, received)
-        decoded = _decode(data)
-        if not 200 <= raw.status <= 299:
-            raise _error_for(raw.status, raw.reason or "", decoded, method, path)
-        return Response(raw.status, decoded, sent, received)
+        return Response(raw.status, req.answer(raw.status, raw.reason or "", data), sent,
+                        received)
 
     def whoami(self) -> str:
         """The username the API server authenticates us as (a SelfSubjectReview).
@@ -248,23 +195,8 @@ class KubeApi:
         self._client.close()
 
     def _observe_date(self, header: str | None, sent: float, received: float) -> None:
-        if not header:
-            return
-        try:
-            server_seconds = int(parsedate_to_datetime(header).timestamp())
-        except (TypeError, ValueError):
-            return
         with self._lock:
-            jumps = self.clock.jumps
-            self.clock.observe(sent, received, server_seconds)
-            if self.clock.jumps != jumps:
-                log.warning(
-                    "the API server's clock (Date: %s) disagrees with earlier responses by "
-                    "%.1fs, more than %s=%.1fs: a clock stepped, or the API servers' clocks "
-                    "differ beyond the assumption; expiry judgments stay conservative for "
-                    "%.0fs (leases end early, takeovers wait). See docs/ha.md.",
-                    header, self.clock.max_gap, MAX_SERVER_SKEW_ENV, self.clock.max_skew,
-                    self.clock.track_ttl)
+            fold_date(self.clock, header, sent, received)
 
     def watch(self, path: str, query: dict[str, str] | None = None, *,
               timeout: float = DEFAULT_TIMEOUT) -> WatchStream:
@@ -292,10 +224,10 @@ class KubeApi:
         self._observe_date(raw.headers.get("Date"), sent, self.monotonic())
         if not 200 <= raw.status <= 299:
             try:
-                body = _decode(raw.read())
+                body = decode_body(raw.read())
             except self._transport_errors as err:
                 raise UnavailableError(0, "Unavailable", f"WATCH {path}: {err}") from err
-            raise _error_for(raw.status, raw.reason or "", body, "WATCH", path)
+            raise error_for(raw.status, raw.reason or "", body, "WATCH", path)
         return WatchStream(raw, path, self._transport_errors)
 
 
@@ -350,20 +282,8 @@ class WatchStream:
             yield chunk
 
     def _event(self, line: bytes) -> dict[str, Any]:
-        try:
-            event = json.loads(line)
-        except ValueError as err:
-            raise UnavailableError(0, "BadWatchEvent",
-                                   f"WATCH {self._path}: not a JSON event: {line[:200]!r}"
-                                   ) from err
-        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
-            raise UnavailableError(0, "BadWatchEvent",
-                                   f"WATCH {self._path}: not an event: {line[:200]!r}")
-        if event.get("type") == "ERROR":
-            status = event["object"]
-            raise _error_for(int(status.get("code") or 500), str(status.get("reason") or ""),
-                             status, "WATCH", self._path)
-        return event
+        kind, obj = watch_event(line, self._path)
+        return {"type": kind, "object": obj}
 
     def _release(self) -> None:
         release = getattr(getattr(self._raw, "response", None), "release_conn", None)
@@ -376,21 +296,3 @@ def _kubernetes_transport_errors() -> tuple[type[BaseException], ...]:
     from kubernetes import client as k8s_client
 
     return (urllib3.exceptions.HTTPError, OSError, k8s_client.ApiException)
-
-
-def _decode(data: bytes | None) -> dict[str, Any]:
-    if not data:
-        return {}
-    try:
-        decoded = json.loads(data)
-    except ValueError:
-        return {"message": data.decode(errors="replace")[:2000]}
-    return decoded if isinstance(decoded, dict) else {"items": decoded}
-
-
-def _error_for(status: int, reason: str, body: dict[str, Any], method: str, path: str
-               ) -> ApiError:
-    message = str(body.get("message") or f"{method} {path}")
-    if status >= 500 or status == 429:
-        return UnavailableError(status, reason, message)
-    return _BY_STATUS.get(status, ApiError)(status, reason, message)

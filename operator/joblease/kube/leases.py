@@ -1,11 +1,20 @@
-"""JobLease objects on the API server: read, conditional status write, delete, Events."""
+"""JobLease objects on the API server: read, conditional status write, delete, Events.
+
+The requests the protocol makes (read one, write its status conditionally, create, list a
+pool, watch it) are described once, as :class:`LeaseCall` values built by pure functions,
+and sent by either :class:`LeaseStore` (thread-safe ``KubeApi``) or
+``joblease.kube.aioleases.AsyncLeaseStore`` (asyncio): both clients send the same
+merge patch with the same ``resourceVersion`` precondition and read the answer the same way.
+"""
 
 from __future__ import annotations
 
 import builtins
 import os
 import socket
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from joblease.domain.errors import LeaseNotFoundError, format_time
 from joblease.domain.lease import LeaseStatus, Observed
@@ -15,6 +24,9 @@ GROUP = "joblease.dev"
 VERSION = "v1alpha1"
 PLURAL = "jobleases"
 KIND = "JobLease"
+WATCH_SECONDS = 60  # a watch request's server-side length; the client then resumes it
+
+T = TypeVar("T")
 
 
 def lease_path(namespace: str | None, name: str | None = None, subresource: str = "") -> str:
@@ -26,6 +38,108 @@ def lease_path(namespace: str | None, name: str | None = None, subresource: str 
     if subresource:
         base += f"/{subresource}"
     return base
+
+
+@dataclass(frozen=True)
+class LeaseCall(Generic[T]):
+    """One request about JobLeases and how to read its answer, for any transport.
+
+    Attributes:
+        method, path, body, query, content_type: The request (``KubeApi.request``'s arguments).
+        parse: Turns the decoded answer into the caller's value.
+        lease: ``(namespace, name)`` when a 404 means "no such JobLease"
+            (``LeaseNotFoundError``, a protocol error) rather than a plain ``NotFoundError``.
+    """
+
+    method: str
+    path: str
+    parse: Callable[[dict[str, Any]], T]
+    body: Any = None
+    query: dict[str, str] | None = None
+    content_type: str | None = None
+    lease: tuple[str, str] | None = None
+
+    def missing(self, err: NotFoundError) -> Exception:
+        """What a 404 to this call means."""
+        if self.lease is None:
+            return err
+        namespace, name = self.lease
+        return LeaseNotFoundError(name, namespace)
+
+
+@dataclass(frozen=True)
+class Page:
+    """One page of a list.
+
+    Attributes:
+        items: The objects, raw.
+        resource_version: The list's resourceVersion, where a watch resumes.
+        next_token: The ``continue`` token of the next page (empty on the last).
+    """
+
+    items: builtins.list[dict[str, Any]]
+    resource_version: str
+    next_token: str
+
+
+def read_call(namespace: str, name: str) -> LeaseCall[Observed]:
+    """Read one JobLease."""
+    return LeaseCall("GET", lease_path(namespace, name), Observed.from_object,
+                     lease=(namespace, name))
+
+
+def status_write_call(observed: Observed, status: LeaseStatus) -> LeaseCall[Observed]:
+    """Write ``status`` only if the object is still at ``observed.resource_version``.
+
+    A merge patch carrying ``metadata.resourceVersion`` is a compare-and-swap: the API
+    server answers 409 (``ConflictError``) if anyone wrote in between. Because it can only
+    apply to ``observed`` itself, it carries only the fields that change.
+    """
+    changes = (status.changes_since(observed.status) if observed.has_status
+               else status.to_dict())
+    patch = {"metadata": {"resourceVersion": observed.resource_version}, "status": changes}
+    return LeaseCall("PATCH", lease_path(observed.namespace, observed.name, "status"),
+                     Observed.from_object, body=patch, content_type=MERGE_PATCH,
+                     lease=(observed.namespace, observed.name))
+
+
+def create_call(namespace: str, name: str, spec: dict[str, Any] | None = None,
+                labels: dict[str, str] | None = None) -> LeaseCall[Observed]:
+    """Create a JobLease (tests, demo and CLI convenience; users normally `kubectl apply`)."""
+    body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+            "metadata": {"name": name, "labels": labels or {}}, "spec": spec or {}}
+    return LeaseCall("POST", lease_path(namespace), Observed.from_object, body=body)
+
+
+def list_call(namespace: str | None, label_selector: str | None = None,
+              page_size: int = 500, token: str = "") -> LeaseCall[Page]:
+    """One page of the JobLeases matching a label selector (``token``: the page to read)."""
+    query = {"limit": str(page_size)}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    if token:
+        query["continue"] = token
+    return LeaseCall("GET", lease_path(namespace), _page, query=query)
+
+
+def watch_query(resource_version: str, label_selector: str | None = None,
+                seconds: int = WATCH_SECONDS) -> dict[str, str]:
+    """The query of a watch that resumes after ``resource_version``.
+
+    Bookmarks keep the resume point fresh while nothing changes, so a resumed watch rarely
+    meets 410 (``GoneError``: list again).
+    """
+    query = {"watch": "1", "resourceVersion": resource_version,
+             "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)}
+    if label_selector:
+        query["labelSelector"] = label_selector
+    return query
+
+
+def _page(body: dict[str, Any]) -> Page:
+    meta = body.get("metadata") or {}
+    return Page(list(body.get("items") or []), str(meta.get("resourceVersion") or ""),
+                str(meta.get("continue") or ""))
 
 
 class LeaseStore:
@@ -40,11 +154,21 @@ class LeaseStore:
         Raises:
             LeaseNotFoundError: it does not exist.
         """
+        return self.call(read_call(namespace, name), timeout)
+
+    def call(self, call: LeaseCall[T], timeout: float = DEFAULT_TIMEOUT) -> T:
+        """Send one :class:`LeaseCall` and read its answer.
+
+        Raises:
+            LeaseNotFoundError: a 404 for a call about one JobLease.
+            ApiError: any other refusal; ``UnavailableError`` for no answer.
+        """
         try:
-            body = self.api.request("GET", lease_path(namespace, name), timeout=timeout).body
+            body = self.api.request(call.method, call.path, call.body, query=call.query,
+                                    content_type=call.content_type, timeout=timeout).body
         except NotFoundError as err:
-            raise LeaseNotFoundError(name, namespace) from err
-        return Observed.from_object(body)
+            raise call.missing(err) from err
+        return call.parse(body)
 
     def list(self, namespace: str | None = None) -> list[Observed]:
         """List JobLeases in one namespace, or in all."""
@@ -64,15 +188,9 @@ class LeaseStore:
         items: builtins.list[dict[str, Any]] = []
         token = ""
         while True:
-            query = {"limit": str(page_size)}
-            if label_selector:
-                query["labelSelector"] = label_selector
-            if token:
-                query["continue"] = token
-            body = self.api.request("GET", lease_path(namespace), query=query,
-                                    timeout=timeout).body
-            items.extend(body.get("items", []))
-            token = str(body.get("metadata", {}).get("continue") or "")
+            page = self.call(list_call(namespace, label_selector, page_size, token), timeout)
+            items.extend(page.items)
+            token = page.next_token
             if not token:
                 return items
 
@@ -93,31 +211,19 @@ class LeaseStore:
     def create(self, namespace: str, name: str, spec: dict[str, Any] | None = None,
                labels: dict[str, str] | None = None) -> Observed:
         """Create a JobLease (tests, demo and CLI convenience; users normally `kubectl apply`)."""
-        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-                "metadata": {"name": name, "labels": labels or {}}, "spec": spec or {}}
-        return Observed.from_object(self.api.request("POST", lease_path(namespace), body).body)
+        return self.call(create_call(namespace, name, spec, labels))
 
     def write_status(self, observed: Observed, status: LeaseStatus,
                      timeout: float = DEFAULT_TIMEOUT) -> Observed:
         """Write ``status`` only if the object is still at ``observed.resource_version``.
 
-        A merge patch carrying ``metadata.resourceVersion`` is a compare-and-swap: the API
-        server answers 409 (``ConflictError``) if anyone wrote in between. Because it can
-        only apply to ``observed`` itself, it carries only the fields that change.
+        The compare-and-swap of :func:`status_write_call`.
 
         Raises:
             LeaseNotFoundError: the object is gone (404).
+            ConflictError: someone wrote in between (409): read and decide again.
         """
-        changes = (status.changes_since(observed.status) if observed.has_status
-                   else status.to_dict())
-        patch = {"metadata": {"resourceVersion": observed.resource_version}, "status": changes}
-        path = lease_path(observed.namespace, observed.name, "status")
-        try:
-            body = self.api.request("PATCH", path, patch, content_type=MERGE_PATCH,
-                                    timeout=timeout).body
-        except NotFoundError as err:
-            raise LeaseNotFoundError(observed.name, observed.namespace) from err
-        return Observed.from_object(body)
+        return self.call(status_write_call(observed, status), timeout)
 
     def delete_if_unchanged(self, observed: Observed) -> None:
         """Delete only the exact version decided from (uid and resourceVersion preconditions)."""

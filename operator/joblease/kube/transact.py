@@ -1,18 +1,26 @@
 """One compare-and-swap step of the lease protocol, shared by every writer.
 
 Every transition — a worker's claim, renew, complete or release, and the operator's
-expire or initialize — goes through :func:`transact`, so there is exactly one place where
-"read, decide, write conditionally" happens, and its rules are the same for everyone.
+expire or initialize — goes through :func:`transact` (or :func:`atransact` in asyncio
+code), so there is exactly one place where "read, decide, write conditionally" happens, and
+its rules are the same for everyone.
+
+Why a generator: the loop (:func:`transaction`) is written once, without I/O. It yields
+what it needs — :class:`Read`, :class:`ServerTime`, :class:`Write` — and receives the
+answer, or the exception the request raised. Two small drivers perform those steps: one
+with the thread-safe ``LeaseStore`` and one with the asyncio ``AsyncLeaseStore``. Neither
+decides anything, so the sync and the async client cannot drift apart.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError
-from joblease.domain.lease import Observed, Transition
+from joblease.domain.lease import LeaseStatus, Observed, Transition
 from joblease.kube.api import DEFAULT_TIMEOUT, ConflictError, UnavailableError
 from joblease.kube.leases import LeaseStore
 
@@ -40,10 +48,63 @@ class Outcome:
     sent: float
 
 
-def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
-             observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
-             deadline: float | None = None) -> Outcome:
-    """Read, decide and conditionally write one JobLease transition.
+@dataclass(frozen=True)
+class Read:
+    """Step 1's request: read the JobLease, waiting at most ``timeout`` seconds."""
+
+    namespace: str
+    name: str
+    timeout: float
+
+
+@dataclass(frozen=True)
+class ServerTime:
+    """Step 2's question: the API server's time now (asks the server only if unknown)."""
+
+
+@dataclass(frozen=True)
+class Write:
+    """Step 4's request: write ``status`` if the object is still at ``observed``'s version."""
+
+    observed: Observed
+    status: LeaseStatus
+    timeout: float
+
+
+Step = Read | ServerTime | Write
+Transaction = Generator[Step, Any, Outcome]
+
+
+class AsyncTransport(Protocol):
+    """What :func:`atransact` needs of an asyncio client (``AsyncKubeApi`` has it)."""
+
+    def monotonic(self) -> float:
+        """The local monotonic clock."""
+
+    async def server_now(self) -> ServerNow:
+        """The server's time now."""
+
+
+class AsyncStore(Protocol):
+    """What :func:`atransact` needs of an asyncio store (``AsyncLeaseStore`` has it)."""
+
+    @property
+    def api(self) -> AsyncTransport:
+        """The client the store talks through."""
+
+    async def get(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT
+                  ) -> Observed:
+        """Read one JobLease."""
+
+    async def write_status(self, observed: Observed, status: LeaseStatus,
+                           timeout: float = DEFAULT_TIMEOUT) -> Observed:
+        """Write a status conditionally."""
+
+
+def transaction(namespace: str, name: str, decide: Decide, monotonic: Callable[[], float], *,
+                observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
+                deadline: float | None = None) -> Transaction:
+    """Read, decide and conditionally write one JobLease transition, as a sans-IO loop.
 
     1. Read the object — unless the caller passes ``observed``, a version it believes is
        current (a holder renewing from its own last write skips the read).
@@ -60,8 +121,12 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
        have been applied: go back to 1 with a fresh read and decide again, which finds
        our own write if it landed (step 3) or writes it again conditionally if not.
 
-    ``deadline`` (local monotonic) bounds every request: none waits past it, so a holder
-    never blocks beyond the time its lease has left.
+    ``deadline`` (local monotonic, on ``monotonic``) bounds every request: none waits past
+    it, so a holder never blocks beyond the time its lease has left.
+
+    Yields :class:`Read` (send back the ``Observed``), :class:`ServerTime` (send back a
+    ``ServerNow``) and :class:`Write` (send back the written ``Observed``); a request's
+    exception is thrown back in. Returns the :class:`Outcome`.
 
     Raises:
         LeaseError: the protocol refused (from step 3), or the object is gone.
@@ -72,9 +137,9 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
     lost_answer: UnavailableError | None = None
     for _ in range(max_conflicts):
         cached = observed is not None
-        current = observed or store.get(namespace, name, _timeout(store, deadline))  # 1
+        current = observed or (yield Read(namespace, name, _timeout(monotonic, deadline)))  # 1
         observed = None
-        now = store.api.server_now()  # 2
+        now = yield ServerTime()  # 2
         try:
             transition = decide(current, now)  # 3
         except LeaseError:
@@ -82,16 +147,16 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
                 raise
             continue  # confirm the refusal from a fresh read
         if transition is None:
-            return Outcome(current, None, store.api.monotonic())
-        sent = store.api.monotonic()
+            return Outcome(current, None, monotonic())
+        sent = monotonic()
         try:
-            written = store.write_status(current, transition.status,
-                                         _timeout(store, deadline))  # 4
+            written = yield Write(current, transition.status,
+                                  _timeout(monotonic, deadline))  # 4
         except ConflictError:
             lost_answer = None
             continue  # 5
         except UnavailableError as err:
-            if deadline is not None and store.api.monotonic() >= deadline:
+            if deadline is not None and monotonic() >= deadline:
                 raise
             lost_answer = err
             continue  # 6
@@ -102,11 +167,83 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
                           "row; giving up (is something rewriting it in a loop?)")
 
 
-def _timeout(store: LeaseStore, deadline: float | None) -> float:
+def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
+             observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
+             deadline: float | None = None) -> Outcome:
+    """Perform one :func:`transaction` (steps 1-6 there) with a thread-safe store.
+
+    Raises:
+        LeaseError, ApiError, ContentionError: as :func:`transaction`.
+    """
+    steps = transaction(namespace, name, decide, store.api.monotonic, observed=observed,
+                        max_conflicts=max_conflicts, deadline=deadline)
+    answer: Any = None
+    failure: Exception | None = None
+    while True:
+        try:
+            step = steps.send(answer) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        answer, failure = _answer(_perform, store, step)
+
+
+async def atransact(store: AsyncStore, namespace: str, name: str, decide: Decide, *,
+                    observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
+                    deadline: float | None = None) -> Outcome:
+    """Perform one :func:`transaction` (steps 1-6 there) with an asyncio store.
+
+    Raises:
+        LeaseError, ApiError, ContentionError: as :func:`transaction`.
+    """
+    steps = transaction(namespace, name, decide, store.api.monotonic, observed=observed,
+                        max_conflicts=max_conflicts, deadline=deadline)
+    answer: Any = None
+    failure: Exception | None = None
+    while True:
+        try:
+            step = steps.send(answer) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        answer, failure = await _answer_async(_perform_async(store, step))
+
+
+def _perform(store: LeaseStore, step: Step) -> Any:
+    if isinstance(step, Read):
+        return store.get(step.namespace, step.name, step.timeout)
+    if isinstance(step, Write):
+        return store.write_status(step.observed, step.status, step.timeout)
+    return store.api.server_now()
+
+
+async def _perform_async(store: AsyncStore, step: Step) -> Any:
+    if isinstance(step, Read):
+        return await store.get(step.namespace, step.name, step.timeout)
+    if isinstance(step, Write):
+        return await store.write_status(step.observed, step.status, step.timeout)
+    return await store.api.server_now()
+
+
+def _answer(perform: Callable[[LeaseStore, Step], Any], store: LeaseStore, step: Step
+            ) -> tuple[Any, Exception | None]:
+    """A request's answer, or the exception to throw back into the transaction."""
+    try:
+        return perform(store, step), None
+    except Exception as err:
+        return None, err
+
+
+async def _answer_async(request: Awaitable[Any]) -> tuple[Any, Exception | None]:
+    try:
+        return await request, None
+    except Exception as err:
+        return None, err
+
+
+def _timeout(monotonic: Callable[[], float], deadline: float | None) -> float:
     """Seconds the next request may take: the client's default, or what is left."""
     if deadline is None:
         return DEFAULT_TIMEOUT
-    left = deadline - store.api.monotonic()
+    left = deadline - monotonic()
     if left <= 0:
         raise UnavailableError(0, "DeadlineExceeded",
                                "no time left before the caller's deadline to ask the API server")

@@ -9,7 +9,8 @@ from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, default_hold
 
 if TYPE_CHECKING:
     from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
-    from joblease.sdk.pool import Pool, PoolClosedError
+    from joblease.domain.errors import PoolClosedError
+    from joblease.sdk.pool import Pool
 
 __all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient", "Pool",
            "PoolClosedError", "RenewalStoppedError", "default_holder"]
@@ -22,7 +23,11 @@ def __getattr__(name: str) -> Any:
         from joblease.sdk import hold
 
         return getattr(hold, name)
-    if name in ("Pool", "PoolClosedError"):  # the watch's thread and its module: on first use
+    if name == "PoolClosedError":
+        from joblease.domain.errors import PoolClosedError
+
+        return PoolClosedError
+    if name == "Pool":  # the watch's thread and its module: on first use
         from joblease.sdk import pool
 
         return getattr(pool, name)

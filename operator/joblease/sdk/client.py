@@ -9,11 +9,8 @@ The deadline is the earliest local instant at which the API server's clock may r
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -21,19 +18,24 @@ from typing import TYPE_CHECKING
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
-    LeaseFinishedError,
     LeaseGoneError,
     LeaseHeldError,
     LeaseLostError,
     LeaseNotFoundError,
     LeaseNotReadyError,
 )
+from joblease.domain.holder import (
+    DEFAULT_MARGIN,
+    IDENTITY_HOLDER,
+    finished_error,
+    for_incarnation,
+    seconds_until_claimable,
+    standing,
+)
 from joblease.domain.lease import (
     Claim,
     Observed,
-    Phase,
     Transition,
-    add_time,
     decide_claim,
     decide_complete,
     decide_release,
@@ -42,21 +44,12 @@ from joblease.domain.lease import (
 from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
 from joblease.kube.api import KubeApi, UnavailableError
+from joblease.kube.identity import default_holder, new_claim_id
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import MAX_CONFLICTS, Outcome, transact
 
 if TYPE_CHECKING:
     from joblease.sdk.pool import Pool
-
-DEFAULT_MARGIN = timedelta(milliseconds=250)
-
-
-IDENTITY_HOLDER = "@identity"
-
-
-def default_holder() -> str:
-    """The holder used when none is given: ``$JOBLEASE_HOLDER``, else ``host-pid``."""
-    return os.environ.get("JOBLEASE_HOLDER") or f"{socket.gethostname()}-{os.getpid()}"
 
 
 class LeaseClient:
@@ -214,7 +207,7 @@ class LeaseClient:
         cid = claim_id or new_claim_id()
         outcome = self._claim_outcome(name, who, cid, observed=observed)
         if outcome.transition is not None and outcome.transition.kind == "failed":
-            raise _failed(outcome)
+            raise finished_error(outcome.observed, outcome.transition)
         return Lease(self, who, cid, outcome)
 
     def _claim_outcome(self, name: str, who: str, claim_id: str, *,
@@ -343,13 +336,8 @@ class LeaseClient:
     def _seconds_until(self, until: datetime | None, margin: bool = True) -> float:
         if until is None:
             return 0.0
-        end = add_time(until, self.margin()) if margin else until
-        return max(0.0, (end - self.api.server_now().earliest).total_seconds())
-
-
-def new_claim_id() -> str:
-    """A random id for one claim (128 bits: never repeats in practice)."""
-    return uuid.uuid4().hex
+        return seconds_until_claimable(until, self.margin() if margin else timedelta(0),
+                                       self.api.server_now())
 
 
 class Lease:
@@ -457,13 +445,7 @@ class Lease:
     def _do(self, decide: Callable[[Observed, ServerNow, timedelta], Transition | None],
             until_deadline: bool = False) -> None:
         margin = self._client.margin()
-
-        def decide_ours(obs: Observed, now: ServerNow) -> Transition | None:
-            if obs.uid != self.uid:
-                raise LeaseGoneError(self.name, self.namespace,
-                                     f"re-created (uid {self.uid} is now {obs.uid})")
-            return decide(obs, now, margin)
-
+        decide_ours = for_incarnation(self.uid, lambda obs, now: decide(obs, now, margin))
         try:
             outcome = transact(self._client.store, self.namespace, self.name, decide_ours,
                                observed=self._observed,
@@ -476,33 +458,17 @@ class Lease:
             self.loss = err
             raise
         if outcome.transition is not None and outcome.transition.kind == "failed":
-            raise _failed(outcome)
+            raise finished_error(outcome.observed, outcome.transition)
         self._apply(outcome)
 
     def _apply(self, outcome: Outcome, resumed: bool = False) -> None:
-        obs = outcome.observed
-        self._observed: Observed | None = obs
-        status = obs.status
-        if resumed and not (status.phase is Phase.HELD and status.token() == self.token
-                            and status.holder == self.holder
-                            and self.claim_id in (None, status.claim_id)):
-            self.lease_until, self.deadline = status.lease_until, self._client.api.monotonic()
-            self._held = False
-            return  # not current: every operation asks the server, which says why
-        if status.token() != self.token or obs.uid != self.uid:
-            # Unreachable through the decisions above; a guard, not a path: a held lease
-            # must never turn into a token it did not claim (issue 14, item 1).
-            raise LeaseGoneError(self.name, self.namespace,
-                                 f"the server returned token {status.token()} for a lease "
-                                 f"held as {self.token}")
-        self._held = True
-        self.lease_until = status.lease_until
-        if status.lease_until is not None and status.phase is Phase.HELD:
-            margin = self._client.base_margin + self._client.api.server_now().error
-            self.deadline = self._client.api.clock.monotonic_at(
-                add_time(status.lease_until, -margin))
-        else:
-            self.deadline = self._client.api.monotonic()
+        """Follow an answer: the lease's end and the local deadline (``domain.holder``)."""
+        self._observed: Observed | None = outcome.observed
+        api = self._client.api
+        view = standing(outcome.observed, self.claim, self.uid, resumed=resumed,
+                        margin=self._client.base_margin + api.server_now().error,
+                        clock=api.clock, now=api.monotonic())
+        self.lease_until, self.deadline, self._held = view.lease_until, view.deadline, view.held
 
     def __repr__(self) -> str:
         until = self.lease_until.isoformat() if self.lease_until else None
@@ -510,10 +476,5 @@ class Lease:
                 f"token={self.token}, lease_until={until})")
 
 
-def _failed(outcome: Outcome) -> LeaseFinishedError:
-    st = outcome.observed.status
-    message = outcome.transition.message if outcome.transition else ""
-    return LeaseFinishedError(outcome.observed.name, st.phase.value, st.generation, message)
-
-
-__all__ = ["DEFAULT_MARGIN", "FencingToken", "Lease", "LeaseClient", "default_holder"]
+__all__ = ["DEFAULT_MARGIN", "IDENTITY_HOLDER", "FencingToken", "Lease", "LeaseClient",
+           "default_holder", "new_claim_id"]

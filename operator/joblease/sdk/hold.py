@@ -24,30 +24,21 @@ import logging
 import threading
 from types import TracebackType
 
-from joblease.domain.errors import LeaseError, LeaseExpiredError, LeaseLostError
+from joblease.domain.errors import (
+    LeaseError,
+    LeaseExpiredError,
+    LeaseLostError,
+    RenewalStoppedError,
+)
+from joblease.domain.holder import MAX_RETRY_DELAY, RENEW_FRACTION, renew_interval, retry_delay
 from joblease.domain.token import FencingToken
 from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 
-RENEW_FRACTION = 1 / 3
-MAX_RETRY_DELAY = 1.0
+# The renewal cadence and backoff are the holder's protocol, shared with joblease.aio.
+__all__ = ["MAX_RETRY_DELAY", "RENEW_FRACTION", "AsyncHolding", "Holding",
+           "RenewalStoppedError", "retry_delay"]
 log = logging.getLogger("joblease.sdk")
-
-
-def retry_delay(failures: int) -> float:
-    """Seconds before retrying a renewal after ``failures`` transient failures in a row.
-
-    Short (50 ms doubling to 1 s): the lease's remaining time, not the server's health, is
-    what is scarce; the watchdog bounds the whole episode at the deadline anyway.
-    """
-    return min(MAX_RETRY_DELAY, 0.05 * 2.0 ** min(failures, 5))
-
-
-class RenewalStoppedError(LeaseLostError):
-    """The renewal loop ended without a requested stop (an error nobody planned for).
-
-    Declared as a loss because nothing renews the lease any more: fail safe, never silent.
-    """
 
 
 class Holding:
@@ -96,7 +87,7 @@ class Holding:
         self._moved = threading.Condition()  # the watchdog waits on it; notified on renew/stop
         self._lose_lock = threading.Lock()
         self._write_lock = threading.Lock()  # a renewal never races the completion
-        self._interval = max(0.05, lease.remaining() * renew_fraction)
+        self._interval = renew_interval(lease.remaining(), renew_fraction)
         self._stop_before = max(0.0, stop_before)
         self._threads = [
             threading.Thread(target=self._guard, args=(self._renew_loop,),

@@ -33,7 +33,11 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from joblease.domain.errors import JobleaseError, LeaseNotFoundError, LeaseUnavailableError
+from joblease.domain.errors import (
+    LeaseNotFoundError,
+    LeaseUnavailableError,
+    PoolClosedError,
+)
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
 from joblease.kube.api import ApiError, ConflictError, UnavailableError
@@ -47,10 +51,6 @@ DEFAULT_SYNC_TIMEOUT = 30.0
 LOST_ANSWER_PAUSE_MAX = 2.0
 
 log = logging.getLogger(__name__)
-
-
-class PoolClosedError(JobleaseError, RuntimeError):
-    """The pool was closed, or its watch stopped on an unexpected error (named as the cause)."""
 
 
 class _Sink:

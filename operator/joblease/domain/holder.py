@@ -1,0 +1,136 @@
+"""A holder's side of the protocol: when it must stop, and whether a version is its claim.
+
+Pure, and shared by the two clients that hold leases — the thread-based SDK
+(``joblease.sdk``: ``Lease``, ``Holding``) and the asyncio one (``joblease.aio``:
+``AsyncLease``, ``AsyncLeaseHolding``) — so that what a holder *concludes* from an answer
+is decided once. The clients only move requests and wait.
+
+* :func:`standing`: after a claim, renewal or resume, the lease's end and the holder's
+  *local deadline* — the earliest local monotonic instant at which the API server's clock
+  may reach ``leaseUntil - margin`` — or the refusal to follow a token it did not claim.
+* :func:`for_incarnation`: a decision that refuses another incarnation (uid) of the name.
+* :func:`renew_interval`, :func:`retry_delay`: the renewal cadence and its backoff.
+* :func:`seconds_until_claimable`: how long a waiting claimer sleeps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from joblease.domain.clock import ServerClock, ServerNow
+from joblease.domain.errors import LeaseFinishedError, LeaseGoneError
+from joblease.domain.lease import Claim, Observed, Phase, Transition, add_time
+
+DEFAULT_MARGIN = timedelta(milliseconds=250)
+IDENTITY_HOLDER = "@identity"
+RENEW_FRACTION = 1 / 3
+MIN_RENEW_INTERVAL = 0.05
+MAX_RETRY_DELAY = 1.0
+
+Decide = Callable[[Observed, ServerNow], Transition | None]
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What a holder may rely on after an answer about its claim.
+
+    Attributes:
+        lease_until: The lease's end on the server's clock, as stored.
+        deadline: Local monotonic time after which the holder must stop.
+        held: Whether the claim is current: only then are the holder's requests bounded
+            by ``deadline`` (past it, the server's answer names who holds the lease now).
+    """
+
+    lease_until: datetime | None
+    deadline: float
+    held: bool
+
+
+def standing(observed: Observed, claim: Claim, uid: str, *, resumed: bool,
+             margin: timedelta, clock: ServerClock, now: float) -> Standing:
+    """Follow one answer about the holder's claim.
+
+    A resumed claim (made elsewhere, named by holder, token and claim id) that is not the
+    current one gets a deadline of ``now`` and ``held=False``: every operation then asks
+    the server, which says why. A held claim's deadline is the earliest local instant at
+    which the server's clock may reach ``leaseUntil - margin`` (``ServerClock.monotonic_at``,
+    drift included); a claim that is no longer Held (completed, released) ends ``now``.
+
+    Args:
+        observed: The JobLease as just read or written.
+        claim: The claim the holder holds (fixed when it was made).
+        uid: The uid of the JobLease object claimed.
+        resumed: Whether ``observed`` was read for a claim made elsewhere.
+        margin: The base margin plus the clock estimate's current error bound.
+        clock: The server-clock estimate.
+        now: The local monotonic time now.
+
+    Raises:
+        LeaseGoneError: the answer carries another token or uid than the claim's. The
+            decisions never lead here; a guard, not a path: a held lease must never turn
+            into a token it did not claim (issue 14, item 1).
+    """
+    status = observed.status
+    if resumed and not (status.phase is Phase.HELD and status.token() == claim.token
+                        and status.holder == claim.holder
+                        and claim.claim_id in (None, status.claim_id)):
+        return Standing(status.lease_until, now, held=False)
+    if status.token() != claim.token or observed.uid != uid:
+        raise LeaseGoneError(observed.name, observed.namespace,
+                             f"the server returned token {status.token()} for a lease "
+                             f"held as {claim.token}")
+    if status.lease_until is not None and status.phase is Phase.HELD:
+        return Standing(status.lease_until,
+                        clock.monotonic_at(add_time(status.lease_until, -margin)), held=True)
+    return Standing(status.lease_until, now, held=True)
+
+
+def for_incarnation(uid: str, decide: Decide) -> Decide:
+    """``decide``, refusing any other incarnation (uid) of the JobLease than the one claimed.
+
+    A JobLease deleted and re-created under the same name is another lease: its tokens are
+    not this holder's, whatever the name says.
+    """
+
+    def decide_ours(obs: Observed, now: ServerNow) -> Transition | None:
+        if obs.uid != uid:
+            raise LeaseGoneError(obs.name, obs.namespace,
+                                 f"re-created (uid {uid} is now {obs.uid})")
+        return decide(obs, now)
+
+    return decide_ours
+
+
+def finished_error(observed: Observed, transition: Transition) -> LeaseFinishedError:
+    """The error for a write that turned the lease Failed (``maxAttempts`` used up)."""
+    status = observed.status
+    return LeaseFinishedError(observed.name, status.phase.value, status.generation,
+                              transition.message)
+
+
+def renew_interval(remaining: float, fraction: float = RENEW_FRACTION) -> float:
+    """Seconds between renewals: ``fraction`` of the time the lease has left (at least 50 ms)."""
+    return max(MIN_RENEW_INTERVAL, remaining * fraction)
+
+
+def retry_delay(failures: int) -> float:
+    """Seconds before retrying a renewal after ``failures`` transient failures in a row.
+
+    Short (50 ms doubling to 1 s): the lease's remaining time, not the server's health, is
+    what is scarce; the watchdog bounds the whole episode at the deadline anyway.
+    """
+    return min(MAX_RETRY_DELAY, 0.05 * 2.0 ** min(failures, 5))
+
+
+def seconds_until_claimable(lease_until: datetime | None, margin: timedelta, now: ServerNow
+                            ) -> float:
+    """Seconds until a lease held until ``lease_until`` may certainly be taken over.
+
+    The earliest possible server time must pass ``leaseUntil + margin``; ``0`` when that
+    has already happened, or when the end is unknown.
+    """
+    if lease_until is None:
+        return 0.0
+    return max(0.0, (add_time(lease_until, margin) - now.earliest).total_seconds())

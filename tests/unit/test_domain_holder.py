@@ -1,0 +1,161 @@
+"""``joblease.domain.holder``: what a holder concludes from an answer about its claim.
+
+Shared by ``joblease.sdk`` and ``joblease.aio``; each rule pinned here holds for both
+clients: the deadline on the drift-aware clock, a resumed claim that is not current ends
+now, a token or uid the holder did not claim is refused, the renewal cadence and backoff,
+and how long a waiting claimer sleeps.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from joblease.domain.clock import ServerClock, ServerNow
+from joblease.domain.errors import LeaseFinishedError, LeaseGoneError
+from joblease.domain.holder import (
+    MAX_RETRY_DELAY,
+    MIN_RENEW_INTERVAL,
+    RENEW_FRACTION,
+    Standing,
+    finished_error,
+    for_incarnation,
+    renew_interval,
+    retry_delay,
+    seconds_until_claimable,
+    standing,
+)
+from joblease.domain.lease import Claim, LeaseStatus, Observed, Phase, Transition
+from joblease.domain.token import FencingToken
+
+T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
+TOKEN = FencingToken(100, 3)
+CLAIM = Claim("a", TOKEN, "cid-1")
+UNTIL = T0 + timedelta(seconds=30)
+
+
+def observed(uid: str = "u1", **status: Any) -> Observed:
+    fields: dict[str, Any] = {"phase": "Held", "holder": "a", "generation": 3, "epoch": 100,
+                              "claimId": "cid-1", "leaseUntil": "2026-12-03T12:00:30.000Z"}
+    fields.update(status)
+    return Observed.from_object({
+        "metadata": {"name": "job", "namespace": "ns", "uid": uid, "resourceVersion": "7"},
+        "spec": {"leaseDurationSeconds": 30},
+        "status": {k: v for k, v in fields.items() if v is not None}})
+
+
+def exact_clock() -> ServerClock:
+    """A clock whose server time at local monotonic 0 lies in [T0, T0 + 1)."""
+    clock = ServerClock()
+    clock.observe(0.0, 0.0, int(T0.timestamp()))
+    return clock
+
+
+def follow(obs: Observed, *, resumed: bool = False, claim: Claim = CLAIM,
+           margin: timedelta = timedelta(seconds=2)) -> Standing:
+    return standing(obs, claim, "u1", resumed=resumed, margin=margin, clock=exact_clock(),
+                    now=5.0)
+
+
+# -- standing ---------------------------------------------------------------------------------
+
+def test_a_held_claims_deadline_is_where_the_server_may_reach_the_end_minus_the_margin() -> None:
+    clock = exact_clock()
+    got = follow(observed())
+    assert got.held is True and got.lease_until == UNTIL
+    assert got.deadline == clock.monotonic_at(UNTIL - timedelta(seconds=2))
+    # the server may be a whole second ahead at monotonic 0 (Date resolution), so the
+    # holder must stop a second earlier still, and a little more for drift
+    assert 26.99 < got.deadline < 27.0
+
+
+def test_a_wider_margin_moves_the_deadline_earlier_by_as_much() -> None:
+    narrow = follow(observed(), margin=timedelta(seconds=1)).deadline
+    wide = follow(observed(), margin=timedelta(seconds=3)).deadline
+    assert narrow - wide == pytest.approx(2.0, abs=1e-3)
+
+
+@pytest.mark.parametrize("status", [{"phase": "Completed"}, {"phase": "Available"},
+                                    {"leaseUntil": None}])
+def test_a_claim_that_is_no_longer_held_or_has_no_end_ends_now(status: dict[str, Any]) -> None:
+    got = follow(observed(**status))
+    assert got.deadline == 5.0 and got.held is True
+
+
+def test_a_resumed_claim_that_is_current_is_followed_like_a_held_one() -> None:
+    assert follow(observed(), resumed=True) == follow(observed())
+    without_id = Claim("a", TOKEN, None)
+    got = follow(observed(), resumed=True, claim=without_id)
+    assert got.held is True and got.deadline > 5.0
+
+
+@pytest.mark.parametrize("status", [
+    {"phase": "Expired"}, {"holder": "b"}, {"generation": 4}, {"epoch": 101},
+    {"claimId": "cid-2"},
+], ids=["phase", "holder", "generation", "epoch", "claim-id"])
+def test_a_resumed_claim_that_is_not_current_ends_now_and_is_not_held(
+        status: dict[str, Any]) -> None:
+    got = follow(observed(**status), resumed=True)
+    assert got == Standing(UNTIL, 5.0, held=False)
+
+
+@pytest.mark.parametrize("obs", [observed(generation=4), observed(epoch=99), observed("u2")],
+                         ids=["generation", "epoch", "uid"])
+def test_an_answer_with_another_token_or_uid_is_refused_not_followed(obs: Observed) -> None:
+    with pytest.raises(LeaseGoneError) as err:
+        follow(obs)
+    assert str(err.value) == (
+        f"JobLease ns/job held by this caller is gone: the server returned token "
+        f"{obs.status.token()} for a lease held as {TOKEN}")
+
+
+# -- for_incarnation, finished_error -----------------------------------------------------------
+
+def test_a_decision_for_one_incarnation_refuses_another_and_passes_the_same() -> None:
+    seen: list[tuple[Observed, ServerNow]] = []
+    now = ServerNow.exact(T0)
+
+    def decide(obs: Observed, at: ServerNow) -> None:
+        seen.append((obs, at))
+
+    ours = for_incarnation("u1", decide)
+    assert ours(observed("u1"), now) is None and seen == [(observed("u1"), now)]
+    with pytest.raises(LeaseGoneError, match=r"ns/job .* gone: re-created \(uid u1 is now u2\)"):
+        ours(observed("u2"), now)
+    assert len(seen) == 1
+
+
+def test_a_write_that_failed_the_lease_is_reported_as_finished() -> None:
+    obs = observed(phase="Failed", generation=3)
+    err = finished_error(obs, Transition("failed", LeaseStatus(), "3 attempts used"))
+    assert isinstance(err, LeaseFinishedError)
+    assert (err.name, err.phase, err.generation) == ("job", Phase.FAILED.value, 3)
+    assert str(err).endswith("cannot be claimed again: 3 attempts used")
+
+
+# -- cadence ------------------------------------------------------------------------------------
+
+def test_renewals_come_every_third_of_what_is_left_but_not_more_often_than_50_ms() -> None:
+    assert RENEW_FRACTION == 1 / 3
+    assert renew_interval(9.0) == pytest.approx(3.0)
+    assert renew_interval(9.0, 0.5) == 4.5
+    assert renew_interval(0.15) == MIN_RENEW_INTERVAL == 0.05
+    assert renew_interval(-1.0) == MIN_RENEW_INTERVAL
+
+
+def test_retries_back_off_from_50_ms_doubling_to_one_second() -> None:
+    assert [retry_delay(n) for n in range(7)] == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert retry_delay(1000) == MAX_RETRY_DELAY == 1.0
+
+
+# -- waiting claimers ---------------------------------------------------------------------------
+
+def test_a_claimer_sleeps_until_the_earliest_server_time_passes_the_end_plus_margin() -> None:
+    now = ServerNow(T0 + timedelta(seconds=10), T0 + timedelta(seconds=11))
+    margin = timedelta(seconds=1)
+    assert seconds_until_claimable(UNTIL, margin, now) == 21.0
+    assert seconds_until_claimable(T0 + timedelta(seconds=11), margin, now) == 2.0
+    assert seconds_until_claimable(T0, margin, now) == 0.0
+    assert seconds_until_claimable(None, margin, now) == 0.0
