@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, default_holder
 
 if TYPE_CHECKING:
-    from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
     from joblease.domain.errors import PoolClosedError
+    from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
     from joblease.sdk.pool import Pool
 
 __all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient", "Pool",
