@@ -22,6 +22,7 @@ from kwok_support import (
     release,  # noqa: F401  (fixture)
 )
 
+from joblease.domain.errors import LeaseFinishedError
 from joblease.domain.lease import Claim, Observed, decide_complete, decide_renew
 from joblease.domain.token import FencingToken
 from joblease.kube.api import ForbiddenError
@@ -106,3 +107,28 @@ def test_takeover_after_expiry_raises_the_generation(kwok_cluster: LocalCluster,
     margin = DEFAULT_MARGIN
     with pytest.raises(ForbiddenError, match="Held by bob at generation 2, and you are alice"):
         _as(clients["alice"], "job", lambda o, n: decide_renew(o, c("bob", o, 2), n, margin))
+
+
+def test_a_claim_finding_the_attempts_used_up_is_refused_as_finished_not_forbidden(
+        kwok_cluster: LocalCluster, kns: str, clients: dict[str, LeaseClient]) -> None:
+    """Simulator finding: under the policy a claimer may not write another holder's Failed.
+
+    bob's claim of alice's expired lease with ``maxAttempts: 1`` decides Failed (no new
+    generation), which the policy refuses (403) because bob is not the holder. For bob that
+    must read as "finished", and a work pool over the lease must keep working, not stop on
+    a ForbiddenError; the operator records Failed (not running on this kwok cluster).
+    """
+    out = apply(kwok_cluster, {"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
+                               "metadata": {"name": "job", "namespace": kns,
+                                            "labels": {"batch": "exhausted"}},
+                               "spec": {"leaseDurationSeconds": 1, "maxAttempts": 1}})
+    assert out.returncode == 0, out.stderr
+    clients["alice"].claim("job", holder="alice")
+    with pytest.raises(LeaseFinishedError, match="1 attempts used of maxAttempts 1") as refused:
+        clients["bob"].wait_claim("job", holder="bob", timeout=15)
+    assert "operator marks it Failed" in str(refused.value)
+    assert isinstance(refused.value.__cause__, ForbiddenError)
+    with clients["bob"].pool("batch=exhausted") as pool:
+        assert pool.claim_next(holder="bob", timeout=2.0) is None
+    stored = clients["bob"].get("job").status
+    assert (stored.phase.value, stored.holder, stored.generation) == ("Held", "alice", 1)

@@ -30,6 +30,7 @@ from joblease.domain.holder import (
     DEFAULT_MARGIN,
     IDENTITY_HOLDER,
     RENEW_FRACTION,
+    ClaimDecider,
     finished_error,
     for_incarnation,
     seconds_until_claimable,
@@ -39,7 +40,6 @@ from joblease.domain.lease import (
     Claim,
     Observed,
     Transition,
-    decide_claim,
     decide_complete,
     decide_release,
     decide_renew,
@@ -48,7 +48,7 @@ from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
 from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.aioleases import AsyncLeaseStore
-from joblease.kube.api import UnavailableError
+from joblease.kube.api import ForbiddenError, UnavailableError
 from joblease.kube.identity import default_holder, new_claim_id
 from joblease.kube.transact import MAX_CONFLICTS, Outcome, atransact
 
@@ -185,11 +185,15 @@ class AsyncLeaseClient:
                      observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS
                      ) -> AsyncLease:
         """One claim as ``who`` under ``claim_id`` (a pool passes ``max_conflicts=1``)."""
-        margin = await self.margin()
-        outcome = await atransact(
-            self.store, self.namespace, name,
-            lambda obs, now: decide_claim(obs, who, now, margin, claim_id),
-            observed=observed, max_conflicts=max_conflicts)
+        decide = ClaimDecider(who, await self.margin(), claim_id)
+        try:
+            outcome = await atransact(self.store, self.namespace, name, decide,
+                                      observed=observed, max_conflicts=max_conflicts)
+        except ForbiddenError as err:
+            refusal = decide.exhaustion_refused()
+            if refusal is None:
+                raise
+            raise refusal from err
         if outcome.transition is not None and outcome.transition.kind == "failed":
             raise finished_error(outcome.observed, outcome.transition)
         return AsyncLease(self, who, claim_id, outcome, await self.margin())

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import LeaseFinishedError, LeaseGoneError
-from joblease.domain.lease import Claim, Observed, Phase, Transition, add_time
+from joblease.domain.lease import Claim, Observed, Phase, Transition, add_time, decide_claim
 
 DEFAULT_MARGIN = timedelta(milliseconds=250)
 IDENTITY_HOLDER = "@identity"
@@ -101,6 +101,42 @@ def for_incarnation(uid: str, decide: Decide) -> Decide:
         return decide(obs, now)
 
     return decide_ours
+
+
+@dataclass
+class ClaimDecider:
+    """``decide_claim`` for one claim, remembering its last decision.
+
+    Why remember: a claim that finds the attempts used up decides to write ``Failed``
+    without raising the generation, and under the chart's holder-only admission policy
+    only the holder (or the operator) may write that, so the write comes back 403. For the
+    claimer that refusal means exactly what the decision meant — the lease cannot be claimed
+    again — and :meth:`exhaustion_refused` turns it into that ``LeaseFinishedError``
+    instead of a ``ForbiddenError`` that would stop a work pool. The operator records
+    ``Failed`` on its next pass (simulator finding, docs/safety.md).
+    """
+
+    holder: str
+    margin: timedelta
+    claim_id: str | None
+    last: Transition | None = None
+    observed: Observed | None = None
+
+    def __call__(self, obs: Observed, now: ServerNow) -> Transition | None:
+        """Decide (``transact``'s step 3) and remember the decision and what it read."""
+        self.observed = obs
+        self.last = decide_claim(obs, self.holder, now, self.margin, self.claim_id)
+        return self.last
+
+    def exhaustion_refused(self) -> LeaseFinishedError | None:
+        """The error for a refused write that only recorded used-up attempts (else ``None``)."""
+        if self.last is None or self.last.kind != "failed" or self.observed is None:
+            return None
+        st = self.observed.status
+        return LeaseFinishedError(
+            self.observed.name, st.phase.value, st.generation,
+            f"{self.last.message}; this identity may not record it (holder-only admission "
+            "policy): the operator marks it Failed")
 
 
 def finished_error(observed: Observed, transition: Transition) -> LeaseFinishedError:

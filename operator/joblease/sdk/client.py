@@ -27,6 +27,7 @@ from joblease.domain.errors import (
 from joblease.domain.holder import (
     DEFAULT_MARGIN,
     IDENTITY_HOLDER,
+    ClaimDecider,
     finished_error,
     for_incarnation,
     seconds_until_claimable,
@@ -36,14 +37,13 @@ from joblease.domain.lease import (
     Claim,
     Observed,
     Transition,
-    decide_claim,
     decide_complete,
     decide_release,
     decide_renew,
 )
 from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
-from joblease.kube.api import KubeApi, UnavailableError
+from joblease.kube.api import ForbiddenError, KubeApi, UnavailableError
 from joblease.kube.identity import default_holder, new_claim_id
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import MAX_CONFLICTS, Outcome, transact
@@ -219,11 +219,16 @@ class LeaseClient:
         and a 409 or a refusal comes back as ``ContentionError`` instead of a re-read
         (the pool's watch brings the news; it chooses another lease meanwhile).
         """
-        margin = self.margin()
-        return transact(self.store, self.namespace, name,
-                        lambda obs, now: decide_claim(obs, who, now, margin, claim_id),
-                        observed=observed,
-                        max_conflicts=MAX_CONFLICTS if max_conflicts is None else max_conflicts)
+        decide = ClaimDecider(who, self.margin(), claim_id)
+        try:
+            return transact(self.store, self.namespace, name, decide, observed=observed,
+                            max_conflicts=MAX_CONFLICTS if max_conflicts is None
+                            else max_conflicts)
+        except ForbiddenError as err:
+            refusal = decide.exhaustion_refused()
+            if refusal is None:
+                raise
+            raise refusal from err
 
     def pool(self, selector: str, *, spread: int = DEFAULT_SPREAD) -> Pool:
         """A work pool: the JobLeases of this namespace matching the label ``selector``.
