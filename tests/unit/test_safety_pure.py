@@ -229,6 +229,46 @@ def test_async_holding_cancels_its_body_when_renewals_keep_failing() -> None:
     assert time.monotonic() - started < 3.0 and len(steps) < 60  # not the 5 s body
 
 
+class CompletingLease(FakeLease):
+    """A lease whose completion lands: the deadline it had stays (a completed lease has none)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds, lambda: None)
+        self.completions = 0
+
+    def complete(self, result: str = "") -> None:
+        self.completions += 1
+
+
+def test_a_completed_holding_declares_no_loss_at_the_old_deadline() -> None:
+    """Bug 17: after complete() the watchdog still fired at the lease's old deadline.
+
+    The holding then declared a ``LeaseExpiredError`` for a Completed lease, and an
+    ``AsyncHolding`` cancelled a body still running after ``complete_async`` (found while
+    building the asyncio holding, whose completion stops both guards).
+    """
+    lease = CompletingLease(0.5)
+    with Holding(lease, renew_fraction=0.9) as holding:  # type: ignore[arg-type]
+        holding.complete("ok")
+        assert not holding.lost.wait(1.0), f"a completed lease was declared lost: {holding.loss}"
+    assert holding.loss is None and lease.completions == 1
+
+
+def test_an_async_body_after_its_completion_is_not_cancelled() -> None:
+    lease = CompletingLease(0.5)
+    steps: list[int] = []
+
+    async def work() -> None:
+        async with AsyncHolding(lease, renew_fraction=0.9) as holding:  # type: ignore[arg-type]
+            await holding.complete_async("ok")
+            for i in range(20):  # 1 s of bookkeeping after the completion
+                steps.append(i)
+                await asyncio.sleep(0.05)
+
+    asyncio.run(work())
+    assert len(steps) == 20
+
+
 # -- item 5: the sentinel ------------------------------------------------------------------
 
 def test_the_sentinel_source_compiles() -> None:

@@ -151,7 +151,12 @@ class Holding:
         with self._write_lock:
             self.check()
             self.lease.complete(result)
-        self.completed = True
+            self.completed = True
+        # A completed lease has nothing left to guard: stop both guards now, or the
+        # watchdog declares a loss at the old deadline while the body still runs.
+        self._stop.set()
+        with self._moved:
+            self._moved.notify_all()
 
     def __enter__(self) -> Holding:
         self._start()
