@@ -120,6 +120,7 @@ class Processes:
     def __init__(self, argvs: Sequence[Sequence[str]], logs: Path, label: str, *,
                  lines: bool = False) -> None:
         self.label = label
+        self._logs = logs
         self.procs: list[subprocess.Popen[str]] = []
         self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
         self._files: list[IO[str]] = []
@@ -157,8 +158,8 @@ class Processes:
         dead = [i for i, p in enumerate(self.procs) if p.poll() not in (None, 0)]
         if dead or time.monotonic() > deadline:
             raise RuntimeError(f"{self.label}: no {what} in time; exited: "
-                               f"{[self.procs[i].returncode for i in dead]} (logs: "
-                               f"{self.label}-N.err)")
+                               f"{[self.procs[i].returncode for i in dead]} "
+                               f"{self.failure_log()}")
 
     def ready(self, timeout: float) -> None:
         """Wait for every child's ``READY``."""
@@ -207,6 +208,14 @@ class Processes:
                 with contextlib.suppress(OSError):
                     proc.stdin.close()
         return [p.returncode for p in self.procs]
+
+    def failure_log(self) -> str:
+        """The end of the first failed child's stderr (for the error message)."""
+        for i, proc in enumerate(self.procs):
+            if proc.poll() not in (None, 0):
+                path = self._logs / f"{self.label}-{i}.err"
+                return f"{path}: ..." + path.read_text(errors="replace")[-1500:]
+        return ""
 
     def __enter__(self) -> Processes:
         return self
@@ -307,6 +316,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
                        until_empty=True) for i in range(workers)]
     with Processes(argvs, logs, "drain") as pool:
         codes = pool.wait(120 + jobs * 0.1, tick)
+        failure = pool.failure_log()
     wall = time.monotonic() - started
     after = apiserver_requests(cluster)
     items = [Observed.from_object(o) for o in list_leases(api, namespace)
@@ -320,7 +330,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
         "requests_per_job": _requests_per_job(after, before, jobs)})
     if figures["completed"] != jobs:
         raise RuntimeError(f"pool drain: {figures['completed']} of {jobs} jobs completed "
-                           f"(exit codes {codes}; logs in {logs})")
+                           f"(exit codes {codes}) {failure}")
     progress(f"pool: drained {jobs} jobs in {figures['server_seconds']:.1f} s (server clock) "
              f"= {figures['jobs_per_s']:.1f} jobs/s; wall {wall:.1f} s; "
              f"{figures['wasted_per_job']:.3f} wasted writes per job")
