@@ -190,6 +190,25 @@ class ServerClock:
         target = when.timestamp() - self.max_skew
         return min(self._earliest_local(t, target) for t in self._tracks)
 
+    def monotonic_certain(self, when: datetime) -> float:
+        """Return the local monotonic instant by which the server has *certainly* reached ``when``.
+
+        The claimer's counterpart of :meth:`monotonic_at`: a waiting claim wants the first
+        instant at which ``now(t).earliest >= when``, so that its decision, judged on the
+        earliest server time, finds the lease claimable. Waking at :meth:`monotonic_at`
+        instead would be up to the whole error interval too early, and a waiter would spin
+        until the interval had passed. Every remembered clock is assumed to lose ``drift``
+        on ours after its last observation (the widening :meth:`now` applies); clocks that
+        :meth:`now` stops counting only make the instant earlier, so the answer is late
+        at worst, never early.
+        """
+        if not self._tracks:
+            raise RuntimeError("the server clock is unknown until a response has been observed")
+        target = when.timestamp() + self.max_skew
+        # t + low - drift * (t - anchor) = target, for t after the track's last observation
+        return max((target - t.low - self.drift * t.anchor) / (1 - self.drift)
+                   for t in self._tracks)
+
     def _earliest_local(self, track: _Track, target: float) -> float:
         after = (target - track.high + self.drift * track.anchor) / (1 + self.drift)
         if after >= track.anchor:

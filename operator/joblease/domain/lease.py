@@ -110,8 +110,12 @@ class Backoff:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Backoff | None:
-        """Read ``spec.backoff`` (``None`` when absent: retries may start at once)."""
-        if not data:
+        """Read ``spec.backoff`` (``None`` when absent: retries may start at once).
+
+        An empty object means the defaults, as the API server's schema defaulting stores it
+        (``backoff: {}`` is a backoff of 10 s doubling to 300 s, not none at all).
+        """
+        if data is None:
             return None
         return cls(initial_seconds=int(data.get("initialSeconds", 10)),
                    factor=float(data.get("factor", 2.0)),

@@ -18,8 +18,19 @@ Choosing
    each other, a worker's choice is stable while the window does not change, and a lower
    priority is never chosen while a higher one has a candidate.
 4. A name the caller just failed to claim (409, refused) is set aside until the watch
-   reports a newer version of it, so a worker does not ask twice about what it already
-   knows is taken.
+   reports a newer version of it than the one the claim was decided from, so a worker does
+   not ask twice about what it already knows is taken (and does not skip a version it has
+   not tried).
+
+How often workers collide
+-------------------------
+Without talking to each other, ``N`` workers choosing among a window of ``W`` candidates
+pick like ``N`` independent uniform draws (rendezvous hashing), so the birthday bound
+applies: a worker's first pick collides with another's with probability
+``1 - (1 - 1/W)**(N - 1)`` (about ``(N - 1) / W``; 8 workers over a full window of 32:
+about 20 %). A collision costs the loser one 409 and an immediate second choice. A wider
+``spread`` means fewer collisions and a looser FIFO; ``tests/unit/test_pool_view.py``
+measures the rate against this bound.
 
 Waiting
 -------
@@ -31,6 +42,7 @@ until the watch reports a change, whichever comes first.
 from __future__ import annotations
 
 import hashlib
+import heapq
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -74,34 +86,59 @@ class PoolView:
     def apply(self, event_type: str, obs: Observed) -> None:
         """Fold one watch event (ADDED, MODIFIED, DELETED) into the view.
 
-        Events of one watch stream arrive in resourceVersion order, so a later event is a
-        later version; a DELETED that names another incarnation (uid) than the cached one
-        is stale and ignored.
+        Events of one watch stream arrive in resourceVersion order, but the view may already
+        hold a later version the caller learned itself (:meth:`learn`), so an event older
+        than the cached version is ignored. A DELETED that names another incarnation (uid)
+        than the cached one is stale and ignored too. ``BOOKMARK`` events carry no object:
+        pass their resourceVersion to :meth:`bookmark`.
         """
         current = self._items.get(obs.name)
         if event_type == "DELETED":
-            if current is None or current.uid == obs.uid:
+            if current is not None and current.uid == obs.uid:
                 self._items.pop(obs.name, None)
                 self._set_aside.pop(obs.name, None)
         elif current is None or _newer(obs, current):
             self._items[obs.name] = obs
             if self._set_aside.get(obs.name) != obs.resource_version:
                 self._set_aside.pop(obs.name, None)
-        if obs.resource_version:
-            self.resource_version = obs.resource_version
+        self.bookmark(obs.resource_version)
+
+    def bookmark(self, resource_version: str) -> None:
+        """Remember where the watch stands (a BOOKMARK event, or any event's version)."""
+        if resource_version:
+            self.resource_version = resource_version
 
     def learn(self, obs: Observed) -> None:
-        """Fold a version the caller read or wrote itself (a claim's answer, a fresh GET)."""
-        current = self._items.get(obs.name)
-        if current is None or _newer(obs, current):
-            self._items[obs.name] = obs
-            self._set_aside.pop(obs.name, None)
+        """Fold a version the caller read or wrote itself (a claim's answer, a fresh GET).
 
-    def set_aside(self, name: str) -> None:
-        """Skip ``name`` until a newer version of it arrives (a claim of it just failed)."""
+        Only a name the view holds is updated: if the watch already removed it (deleted,
+        or no longer matching the selector, e.g. finished), that removal came after the
+        caller's write, and re-adding the older version would keep a ghost in the view.
+        """
+        current = self._items.get(obs.name)
+        if current is not None and _newer(obs, current):
+            self._items[obs.name] = obs
+            if self._set_aside.get(obs.name) != obs.resource_version:
+                self._set_aside.pop(obs.name, None)
+
+    def set_aside(self, name: str, tried: str | None = None) -> None:
+        """Skip ``name`` until a version other than ``tried`` arrives (a claim of it failed).
+
+        ``tried`` is the resourceVersion the failed claim was decided from (default: the
+        cached one). If the view already holds another version, nothing is set aside: that
+        version has not been tried yet (a 409 is often caused by the very event that the
+        watch has delivered meanwhile, such as the operator's first status write).
+        """
         current = self._items.get(name)
-        if current is not None:
-            self._set_aside[name] = current.resource_version
+        if current is None:
+            return
+        version = current.resource_version if tried is None else tried
+        if version == current.resource_version:
+            self._set_aside[name] = version
+
+    def is_set_aside(self, name: str) -> bool:
+        """Whether ``name`` is skipped until a newer version of it arrives."""
+        return name in self._set_aside
 
     def get(self, name: str) -> Observed | None:
         """The cached version of ``name``."""
@@ -123,11 +160,13 @@ class PoolView:
     def choose(self, worker: str, now: ServerNow, margin: timedelta,
                spread: int = DEFAULT_SPREAD) -> Observed | None:
         """The candidate ``worker`` should try (steps 1-4), or ``None`` if there is none."""
-        ready = self.candidates(now, margin)
+        ready = [obs for name, obs in self._items.items()
+                 if name not in self._set_aside and _ready(obs, now, margin)]
         if not ready:
             return None
-        top = ready[0].spec.priority
-        window = [obs for obs in ready[:max(1, spread)] if obs.spec.priority == top]
+        first = heapq.nsmallest(max(1, spread), ready, key=_order_key)  # O(n log spread)
+        top = first[0].spec.priority
+        window = [obs for obs in first if obs.spec.priority == top]
         return max(window, key=lambda obs: _rank(worker, obs.name))
 
     def next_wake(self, now: ServerNow, margin: timedelta) -> datetime | None:
@@ -146,13 +185,13 @@ def _ready(obs: Observed, now: ServerNow, margin: timedelta) -> bool:
 
 
 def _newer(obs: Observed, current: Observed) -> bool:
-    """Whether ``obs`` is a later version than ``current`` of the same incarnation.
+    """Whether ``obs`` is the same or a later version than ``current`` (any incarnation).
 
     resourceVersions are opaque strings by contract; the API server's are etcd revisions,
-    so a numeric comparison orders them, and an unparsable one is taken as newer.
+    global to the cluster, so a numeric comparison orders them even across a delete and
+    re-create (a learned version of the old incarnation must not replace the new one). An
+    unparsable one is taken as newer.
     """
-    if obs.uid != current.uid:
-        return True
     try:
         return int(obs.resource_version) >= int(current.resource_version)
     except ValueError:

@@ -13,12 +13,14 @@ server's own message, so callers never parse HTTP.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from email.utils import parsedate_to_datetime
@@ -101,9 +103,13 @@ class UnavailableError(ApiError):
     """The request did not get an answer (connection refused, timeout, 5xx)."""
 
 
+class GoneError(ApiError):
+    """410: a watch (or list) asked for a resourceVersion the server no longer keeps: re-list."""
+
+
 _BY_STATUS: dict[int, type[ApiError]] = {
     409: ConflictError, 404: NotFoundError, 422: InvalidError, 400: InvalidError,
-    403: ForbiddenError,
+    403: ForbiddenError, 410: GoneError,
 }
 
 
@@ -259,6 +265,110 @@ class KubeApi:
                     "%.0fs (leases end early, takeovers wait). See docs/ha.md.",
                     header, self.clock.max_gap, MAX_SERVER_SKEW_ENV, self.clock.max_skew,
                     self.clock.track_ttl)
+
+    def watch(self, path: str, query: dict[str, str] | None = None, *,
+              timeout: float = DEFAULT_TIMEOUT) -> WatchStream:
+        """Open a watch on the collection at ``path``; iterate the result for its events.
+
+        ``timeout`` bounds the whole stream on the client side: pass more than the
+        ``timeoutSeconds`` the query asks the server for, so the server ends it normally.
+        The response's ``Date`` feeds the clock estimate like every :meth:`request`'s.
+        Through a transport that cannot stream (``joblease.kube.lite``) the events arrive
+        only when the server ends the watch.
+
+        Raises:
+            ApiError: the server refused to open it (``GoneError`` for a resourceVersion it
+                no longer keeps); ``UnavailableError`` if it did not answer.
+        """
+        full = f"{path}?{urlencode({**(query or {}), 'watch': 'true'})}"
+        serialized = self._client.param_serialize("GET", full,
+                                                  header_params={"Accept": "application/json"},
+                                                  auth_settings=["BearerToken"])
+        sent = self.monotonic()
+        try:
+            raw = self._client.call_api(*serialized, _request_timeout=timeout)
+        except self._transport_errors as err:
+            raise UnavailableError(0, "Unavailable", f"WATCH {path}: {err}") from err
+        self._observe_date(raw.headers.get("Date"), sent, self.monotonic())
+        if not 200 <= raw.status <= 299:
+            try:
+                body = _decode(raw.read())
+            except self._transport_errors as err:
+                raise UnavailableError(0, "Unavailable", f"WATCH {path}: {err}") from err
+            raise _error_for(raw.status, raw.reason or "", body, "WATCH", path)
+        return WatchStream(raw, path, self._transport_errors)
+
+
+class WatchStream:
+    """One open watch: iterating yields its events (``{"type": ..., "object": {...}}``).
+
+    The iteration ends when the server ends the stream (its ``timeoutSeconds``) or
+    :meth:`close` is called, from any thread (a pool being closed, a test forcing a resume).
+    An ``ERROR`` event is raised as the ``ApiError`` its status names (410 → ``GoneError``:
+    the resourceVersion is too old, list again); a broken connection as ``UnavailableError``.
+    """
+
+    def __init__(self, raw: Any, path: str,
+                 transport_errors: tuple[type[BaseException], ...]) -> None:
+        self._raw = raw
+        self._path = path
+        self._errors = transport_errors
+        self._closed = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        pending = b""
+        try:
+            for chunk in self._chunks():
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                yield from (self._event(line) for line in lines if line.strip())
+            if pending.strip() and not self._closed:
+                yield self._event(pending)
+        except self._errors as err:
+            if self._closed:
+                return
+            raise UnavailableError(0, "Unavailable", f"WATCH {self._path}: {err}") from err
+        self._release()
+
+    def close(self) -> None:
+        """Stop the stream now: a read blocked in another thread returns."""
+        self._closed = True
+        stream = getattr(self._raw, "response", None)
+        for stop in ("shutdown", "close"):
+            # already released or closed: nothing left to stop
+            with contextlib.suppress(OSError, ValueError, RuntimeError):
+                getattr(stream, stop, lambda: None)()
+
+    def _chunks(self) -> Iterator[bytes]:
+        stream = getattr(self._raw, "response", None)
+        if stream is None or not hasattr(stream, "stream"):
+            yield self._raw.read()  # a transport that reads whole bodies
+            return
+        for chunk in stream.stream(65536):
+            if self._closed:
+                return
+            yield chunk
+
+    def _event(self, line: bytes) -> dict[str, Any]:
+        try:
+            event = json.loads(line)
+        except ValueError as err:
+            raise UnavailableError(0, "BadWatchEvent",
+                                   f"WATCH {self._path}: not a JSON event: {line[:200]!r}"
+                                   ) from err
+        if not isinstance(event, dict) or not isinstance(event.get("object"), dict):
+            raise UnavailableError(0, "BadWatchEvent",
+                                   f"WATCH {self._path}: not an event: {line[:200]!r}")
+        if event.get("type") == "ERROR":
+            status = event["object"]
+            raise _error_for(int(status.get("code") or 500), str(status.get("reason") or ""),
+                             status, "WATCH", self._path)
+        return event
+
+    def _release(self) -> None:
+        release = getattr(getattr(self._raw, "response", None), "release_conn", None)
+        if release is not None:
+            release()
 
 
 def _kubernetes_transport_errors() -> tuple[type[BaseException], ...]:

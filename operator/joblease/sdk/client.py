@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
@@ -25,6 +26,7 @@ from joblease.domain.errors import (
     LeaseHeldError,
     LeaseLostError,
     LeaseNotFoundError,
+    LeaseNotReadyError,
 )
 from joblease.domain.lease import (
     Claim,
@@ -37,10 +39,14 @@ from joblease.domain.lease import (
     decide_release,
     decide_renew,
 )
+from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
 from joblease.kube.api import KubeApi, UnavailableError
 from joblease.kube.leases import LeaseStore
-from joblease.kube.transact import Outcome, transact
+from joblease.kube.transact import MAX_CONFLICTS, Outcome, transact
+
+if TYPE_CHECKING:
+    from joblease.sdk.pool import Pool
 
 DEFAULT_MARGIN = timedelta(milliseconds=250)
 
@@ -99,6 +105,8 @@ class LeaseClient:
         self._calibration_lock = threading.Lock()
         self._identity: str | None = None
         self._closed = False
+        self._pools: dict[str, Pool] = {}
+        self._pools_lock = threading.Lock()
 
     def calibrate(self) -> timedelta:
         """Narrow the server-clock estimate to about a round trip; return the error bound.
@@ -143,9 +151,13 @@ class LeaseClient:
         Idempotent. Stop every :class:`Holding` over this client's leases first: a holding
         whose renewals cannot be sent declares its lease lost at the deadline.
         """
-        if self._closed:
-            return
-        self._closed = True
+        with self._pools_lock:
+            if self._closed:
+                return
+            self._closed = True
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.close()
         if self._owns_api:
             self.api.close()
 
@@ -199,14 +211,58 @@ class LeaseClient:
         """
         self._calibrate_if_due()
         who = self.resolve_holder(holder)
-        margin = self.margin()
         cid = claim_id or new_claim_id()
-        outcome = transact(self.store, self.namespace, name,
-                           lambda obs, now: decide_claim(obs, who, now, margin, cid),
-                           observed=observed)
+        outcome = self._claim_outcome(name, who, cid, observed=observed)
         if outcome.transition is not None and outcome.transition.kind == "failed":
             raise _failed(outcome)
         return Lease(self, who, cid, outcome)
+
+    def _claim_outcome(self, name: str, who: str, claim_id: str, *,
+                       observed: Observed | None = None, max_conflicts: int | None = None
+                       ) -> Outcome:
+        """One claim through ``transact``: what ``claim`` and a work pool's claims share.
+
+        A pool passes ``max_conflicts=1`` with its cached version: one conditional write,
+        and a 409 or a refusal comes back as ``ContentionError`` instead of a re-read
+        (the pool's watch brings the news; it chooses another lease meanwhile).
+        """
+        margin = self.margin()
+        return transact(self.store, self.namespace, name,
+                        lambda obs, now: decide_claim(obs, who, now, margin, claim_id),
+                        observed=observed,
+                        max_conflicts=MAX_CONFLICTS if max_conflicts is None else max_conflicts)
+
+    def pool(self, selector: str, *, spread: int = DEFAULT_SPREAD) -> Pool:
+        """A work pool: the JobLeases of this namespace matching the label ``selector``.
+
+        The pool lists them once and then watches them, in a thread of its own, so that
+        :meth:`Pool.claim_next <joblease.sdk.pool.Pool.claim_next>` chooses without asking
+        the API server and wakes up as soon as something becomes claimable. Share one pool
+        between the threads of a worker; close it when done (``with client.pool(s) as p:``).
+        The identity needs ``list`` and ``watch`` on jobleases besides ``get`` and
+        ``patch`` on their status.
+        """
+        from joblease.sdk.pool import Pool
+
+        return Pool(self, selector, spread=spread)
+
+    def claim_next(self, selector: str, holder: str | None = None, *,
+                   timeout: float | None = None, spread: int = DEFAULT_SPREAD,
+                   until_empty: bool = False) -> Lease | None:
+        """Claim the next claimable JobLease matching ``selector``; ``None`` after ``timeout``.
+
+        A convenience over one :meth:`pool` per selector, kept open (and shared by the
+        client's threads) until :meth:`close`. Semantics: ``Pool.claim_next`` and
+        docs/sdk.md.
+        """
+        with self._pools_lock:
+            if self._closed:
+                raise RuntimeError("the LeaseClient is closed")
+            pool = self._pools.get(selector)
+            if pool is None:
+                pool = self._pools[selector] = self.pool(selector)
+        return pool.claim_next(holder, timeout=timeout, spread=spread,
+                               until_empty=until_empty)
 
     def resume(self, name: str, holder: str | None, token: FencingToken,
                claim_id: str | None = None) -> Lease:
@@ -250,8 +306,12 @@ class LeaseClient:
         ``retry_unavailable`` (default ``timeout``) bounds how long an unreachable API server
         is retried.
 
+        A lease resting after a failed attempt (``LeaseNotReadyError``, ``spec.backoff``)
+        is waited for like a held one: until its ``notBefore`` has certainly passed.
+
         Raises:
             LeaseHeldError: still held when ``timeout`` ran out.
+            LeaseNotReadyError: still resting when ``timeout`` ran out.
             LeaseFinishedError: the lease finished meanwhile.
             UnavailableError: the API server did not answer within ``retry_unavailable``.
         """
@@ -268,17 +328,23 @@ class LeaseClient:
                 if left <= 0:
                     raise
                 time.sleep(max(0.01, min(poll, left, self._seconds_until(held.lease_until))))
+            except LeaseNotReadyError as resting:
+                # Nothing but the server's clock ends a backoff: sleep until it certainly has.
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                time.sleep(max(0.01, min(left, self._seconds_until(resting.not_before,
+                                                                    margin=False))))
             except UnavailableError:
                 if time.monotonic() >= unavailable_deadline:
                     raise
                 time.sleep(min(poll, 1.0))
 
-    def _seconds_until(self, until: datetime | None) -> float:
+    def _seconds_until(self, until: datetime | None, margin: bool = True) -> float:
         if until is None:
             return 0.0
-        margin = self.margin()
-        return max(0.0, (add_time(until, margin) - self.api.server_now().earliest)
-                   .total_seconds())
+        end = add_time(until, self.margin()) if margin else until
+        return max(0.0, (end - self.api.server_now().earliest).total_seconds())
 
 
 def new_claim_id() -> str:

@@ -1,0 +1,310 @@
+"""Work pools: claim the *next* JobLease of a label selector, not a named one (issue 17).
+
+A :class:`Pool` owns one list+watch (``joblease.kube.pool.LeaseFeed``, in a thread of its
+own) feeding one cache (``joblease.domain.pool.PoolView``), and is shared by every thread
+of a worker that claims from the same selector. ``claim_next``:
+
+1. chooses from the cache (``PoolView.choose``: priority, FIFO, rendezvous spread) — no
+   request to find work;
+2. claims the chosen lease with one conditional write decided from the cached version
+   (no read first). If it is refused (409: someone was faster; held, resting or finished
+   on the server) the name is set aside until the watch brings a newer version, and the
+   next one is chosen at once: a lost race costs one request, never a re-read;
+3. if the write's answer is lost it retries *the same name with the same claim id*, from
+   a fresh read, so a write that did land is adopted rather than refused or orphaned;
+4. folds the claim's answer into the cache (``PoolView.learn``) so the next choice, by
+   this thread or another, already knows;
+5. when nothing is claimable, waits for whichever comes first: a watch event, the
+   earliest instant something becomes claimable without any event (a holder's
+   ``leaseUntil + margin``, a backoff's end — ``PoolView.next_wake``, converted to this
+   process's monotonic clock through the server-clock estimate), or the timeout.
+   There is no polling period.
+
+Safety never rests on the cache: every claim is a compare-and-swap decided by the same
+protocol as ``LeaseClient.claim``; a stale cache only costs a refused write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from joblease.domain.errors import LeaseNotFoundError, LeaseUnavailableError
+from joblease.domain.lease import Observed
+from joblease.domain.pool import DEFAULT_SPREAD, PoolView
+from joblease.kube.api import ApiError, ConflictError, UnavailableError
+from joblease.kube.pool import WATCH_SECONDS, LeaseFeed
+from joblease.kube.transact import ContentionError, Outcome
+
+if TYPE_CHECKING:
+    from joblease.sdk.client import Lease, LeaseClient
+
+DEFAULT_SYNC_TIMEOUT = 30.0
+LOST_ANSWER_PAUSE_MAX = 2.0
+
+log = logging.getLogger(__name__)
+
+
+class PoolClosedError(RuntimeError):
+    """The pool was closed (a programming error: claiming from a closed pool)."""
+
+
+class Pool:
+    """The JobLeases of one label selector, kept current by a watch; claims the next one.
+
+    Thread-safe: one pool serves every thread of a worker (``joblease work`` runs K jobs
+    at a time). Close it (``close()``, or ``with client.pool(selector) as pool:``) to stop
+    its watch.
+
+    Args:
+        client: The ``LeaseClient`` whose identity, margin and clock estimate it uses.
+        selector: A label selector (``team=batch,queue=nightly``); ``""`` is every JobLease
+            of the client's namespace.
+        spread: The default ``spread`` of :meth:`claim_next`.
+        watch_seconds: How long each watch runs before the server ends it and the pool
+            resumes it (tests shorten it).
+
+    Attributes:
+        selector: The label selector.
+        feed: The list+watch (its ``counts`` say how often it listed, watched, met 410).
+        conflicts: Claims refused since the pool started (409s and refusals decided from
+            a stale cache): how often workers collided.
+        claims: Claims won.
+    """
+
+    def __init__(self, client: LeaseClient, selector: str, *, spread: int = DEFAULT_SPREAD,
+                 watch_seconds: int = WATCH_SECONDS) -> None:
+        self.selector = selector
+        self.spread = spread
+        self.conflicts = 0
+        self.claims = 0
+        self._client = client
+        self._view = PoolView()
+        self._changed = threading.Condition()
+        self._changes = 0
+        self._synced = False
+        self._trouble: BaseException | None = None
+        self._closed = False
+        self.feed = LeaseFeed(client.store, client.namespace, selector,
+                              watch_seconds=watch_seconds)
+        self._thread = threading.Thread(target=self._run_feed, daemon=True,
+                                        name=f"joblease-pool[{selector}]")
+        self._thread.start()
+
+    # -- the public surface ----------------------------------------------------------------
+
+    def claim_next(self, holder: str | None = None, *, timeout: float | None = None,
+                   spread: int | None = None, until_empty: bool = False) -> Lease | None:
+        """Claim the next claimable JobLease of the pool, waiting up to ``timeout`` seconds.
+
+        Args:
+            holder: As for ``LeaseClient.claim`` (``None``: ``default_holder()``).
+            timeout: Seconds to wait for a claimable lease; ``None`` waits forever, ``0``
+                tries what the cache holds now and returns.
+            spread: How many of the first candidates of the top priority a worker chooses
+                among (rendezvous hashing; 1 is strict FIFO, and every worker then races
+                for the same lease).
+            until_empty: Return ``None`` at once when no unfinished lease is left in the
+                pool (``joblease work --until-empty``) instead of waiting for new ones.
+
+        Returns:
+            The held ``Lease``, or ``None`` when the timeout passed (or, with
+            ``until_empty``, the pool is empty).
+
+        Raises:
+            UnavailableError: the pool could not list its leases before the timeout, or a
+                claim's answer was lost and the API server stayed unreachable until then
+                (the claim may have landed: it expires on its own).
+            ApiError: the API server refuses the list or watch (``ForbiddenError``:
+                RBAC must allow ``list`` and ``watch`` on jobleases), or a claim
+                (``ForbiddenError`` from the holder-only admission policy).
+        """
+        self._client._calibrate_if_due()
+        who = self._client.resolve_holder(holder)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        width = self.spread if spread is None else spread
+        while True:
+            chosen = self._choose_or_wait(who, deadline, width, until_empty)
+            if chosen is None:
+                return None
+            lease = self._claim(chosen, who, deadline)
+            if lease is not None:
+                return lease
+
+    def unfinished(self, timeout: float = DEFAULT_SYNC_TIMEOUT) -> int:
+        """How many leases of the pool are not Completed or Failed (after the first list).
+
+        Raises:
+            UnavailableError: no list succeeded within ``timeout`` seconds.
+        """
+        with self._changed:
+            self._wait_synced(time.monotonic() + timeout)
+            return self._view.unfinished()
+
+    def close(self) -> None:
+        """Stop the watch and its thread (idempotent); a waiting ``claim_next`` returns."""
+        with self._changed:
+            if self._closed:
+                return
+            self._closed = True
+            self._changed.notify_all()
+        self.feed.stop()
+        self._thread.join(timeout=5)
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # -- the feed's side (its own thread) ----------------------------------------------------
+
+    def replace(self, items: list[Observed], resource_version: str) -> None:
+        """The feed listed: start the view over (``FeedSink``)."""
+        with self._changed:
+            self._view.replace(items, resource_version)
+            self._synced, self._trouble = True, None
+            self._bump()
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        """A watch event (``FeedSink``)."""
+        with self._changed:
+            self._view.apply(event_type, obs)
+            self._bump()
+
+    def bookmark(self, resource_version: str) -> None:
+        """A BOOKMARK: nothing changed, the resume point moved (``FeedSink``)."""
+        with self._changed:
+            self._view.bookmark(resource_version)
+
+    def trouble(self, error: ApiError) -> None:
+        """A list or watch failed (``FeedSink``): a waiter that never synced may raise it."""
+        with self._changed:
+            self._trouble = error
+            self._bump()
+
+    def _run_feed(self) -> None:
+        try:
+            self.feed.run(self)
+        except Exception as err:  # a bug must not leave claimers waiting on a dead feed
+            log.exception("JobLease pool %r: the watch stopped", self.selector)
+            with self._changed:
+                self._trouble = err
+                self._closed = True
+                self._changed.notify_all()
+
+    def _bump(self) -> None:
+        self._changes += 1
+        self._changed.notify_all()
+
+    # -- choosing and waiting -------------------------------------------------------------
+
+    def _choose_or_wait(self, who: str, deadline: float | None, spread: int,
+                        until_empty: bool) -> Observed | None:
+        """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
+        with self._changed:
+            self._wait_synced(deadline)
+            while True:
+                self._check_open()
+                seen = self._changes
+                margin = self._client.margin()
+                now = self._client.api.server_now()
+                chosen = self._view.choose(who, now, margin, spread)
+                if chosen is not None:
+                    return chosen
+                if until_empty and self._view.unfinished() == 0:
+                    return None
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                wait = self._seconds_to_wait(self._view.next_wake(now, margin), deadline)
+                self._wait_for_change(seen, wait)
+
+    def _wait_for_change(self, seen: int, timeout: float | None) -> None:
+        """Wait (holding the condition) for a change after ``seen``, a close, or ``timeout``."""
+        self._changed.wait_for(lambda: self._changes != seen or self._closed, timeout=timeout)
+
+    def _seconds_to_wait(self, wake: datetime | None, deadline: float | None) -> float | None:
+        """Until the next wake-up (server time) or the deadline, whichever is first.
+
+        The wake-up is the first local instant at which the *earliest* server time has
+        reached it (``ServerClock.monotonic_certain``), because that is what the claim's
+        decision will judge; the millisecond on top absorbs float rounding.
+        """
+        waits = []
+        if deadline is not None:
+            waits.append(deadline - time.monotonic())
+        if wake is not None:
+            local = self._client.api.clock.monotonic_certain(wake)
+            waits.append(local - self._client.api.monotonic() + 0.001)
+        return max(0.0, min(waits)) if waits else None
+
+    def _wait_synced(self, deadline: float | None) -> None:
+        """Block (holding the condition) until the first list arrived (or raise)."""
+        while not self._synced:
+            self._check_open()
+            if self._trouble is not None and not isinstance(self._trouble, UnavailableError):
+                raise self._trouble  # 403, 404 (no CRD), 400 (bad selector): not transient
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                if isinstance(self._trouble, UnavailableError):
+                    raise self._trouble
+                raise UnavailableError(0, "NotSynced", f"JobLease pool {self.selector!r}: no "
+                                       "list of its leases within the timeout")
+            self._changed.wait(timeout=left)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            if self._trouble is not None and not isinstance(self._trouble, ApiError):
+                raise PoolClosedError(f"JobLease pool {self.selector!r}: its watch "
+                                      f"stopped: {self._trouble!r}") from self._trouble
+            raise PoolClosedError(f"JobLease pool {self.selector!r} is closed")
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def _claim(self, chosen: Observed, who: str, deadline: float | None) -> Lease | None:
+        """Claim ``chosen`` (steps 2-4); ``None``: lost it, choose again."""
+        from joblease.sdk.client import Lease, new_claim_id
+
+        claim_id = new_claim_id()
+        observed: Observed | None = chosen
+        pause = 0.05
+        while True:
+            try:
+                outcome = self._client._claim_outcome(
+                    chosen.name, who, claim_id, observed=observed,
+                    max_conflicts=1 if observed is not None else None)
+            except (LeaseUnavailableError, LeaseNotFoundError, ConflictError,
+                    ContentionError):
+                self._lost(chosen)
+                return None
+            except UnavailableError:
+                # The answer was lost: the write may have landed. Same name, same claim id,
+                # from a fresh read, so a landed claim is adopted instead of orphaned.
+                if deadline is not None and time.monotonic() + pause >= deadline:
+                    raise
+                time.sleep(pause)
+                pause = min(LOST_ANSWER_PAUSE_MAX, pause * 2)
+                observed = None
+                continue
+            return self._won(outcome, who, claim_id, Lease)
+
+    def _won(self, outcome: Outcome, who: str, claim_id: str, lease: type[Lease]
+             ) -> Lease | None:
+        failed = outcome.transition is not None and outcome.transition.kind == "failed"
+        with self._changed:
+            self._view.learn(outcome.observed)
+            self.claims += 0 if failed else 1
+            self._bump()
+        if failed:
+            return None  # the claim found the last attempt used up and wrote Failed
+        return lease(self._client, who, claim_id, outcome)
+
+    def _lost(self, chosen: Observed) -> None:
+        with self._changed:
+            self.conflicts += 1
+            self._view.set_aside(chosen.name, chosen.resource_version)
