@@ -9,6 +9,12 @@ Exit codes (stable, for scripts):
        or, for ``run``, lost while the command ran (the command was stopped)
     5  no such JobLease
     6  the API server refused or could not be reached (RBAC, validation, network)
+
+``work`` (a pool worker) exits 0 when drained cleanly or, with ``--until-empty``, when
+nothing unfinished is left; 7 if then some JobLeases of the selector are Failed; 8 if its
+drain timed out and running commands were stopped (their leases released); 6 as above.
+A job's command failing is not the worker's failure: the job is released as failed and
+retried (see docs/pools.md).
 """
 
 # Startup time is most of a CLI call (issue 18): this module imports only the standard
@@ -104,6 +110,39 @@ def _register_lease_commands(sub: Any) -> None:
                      help="seconds between SIGTERM and SIGKILL when the lease is lost")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
     run.set_defaults(func=_cmd_run)
+    _register_work(sub)
+
+
+def _register_work(sub: Any) -> None:
+    work = sub.add_parser(
+        "work", help="pool worker: run a command once per claimed job of a selector",
+        description="Claim the next job of the selector (priority, then oldest first), run "
+        "CMD under its lease exactly as `run` does, K at a time; SIGTERM drains. "
+        "See docs/pools.md.")
+    _common(work)
+    work.add_argument("-l", "--selector", required=True,
+                      help="label selector of the pool's JobLeases (e.g. batch=nightly)")
+    work.add_argument("-c", "--concurrency", type=_positive_int, default=1, metavar="K",
+                      help="commands running at once (default 1)")
+    work.add_argument("--until-empty", action="store_true",
+                      help="exit once nothing unfinished is left in the selector")
+    work.add_argument("--holder", default=None, help="as for claim ('@identity' allowed)")
+    work.add_argument("--grace", type=float, default=5.0,
+                      help="seconds between SIGTERM and SIGKILL when a command must stop")
+    work.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                      help="after SIGTERM/SIGINT, how long running commands may finish "
+                           "before they are stopped and their leases released (default 30)")
+    work.add_argument("--progress-every", type=float, default=5.0, metavar="SECONDS",
+                      help="seconds between progress lines on stderr (also one per job end)")
+    work.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS…")
+    work.set_defaults(func=_cmd_work)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def _register_operator(sub: Any) -> None:
@@ -254,6 +293,38 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if result.lost:
         return EXIT_LOST
     return result.child_exit
+
+
+def _cmd_work(args: argparse.Namespace) -> int:
+    import signal
+
+    from joblease.worker_pool import WorkOptions, WorkPool
+    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        print("joblease work: no command given (use: joblease work -l SELECTOR -- CMD ARGS…)",
+              file=sys.stderr)
+        return EXIT_USAGE
+    client = _client(args, calibrate=True, one_shot=False)
+    client.calibrate()  # once, before the first claim, rather than in the first slot's claim
+    pool = client.pool(args.selector)
+    options = WorkOptions(command, concurrency=args.concurrency, until_empty=args.until_empty,
+                          drain_timeout=args.drain_timeout, grace=args.grace,
+                          holder=args.holder, progress_every=args.progress_every)
+
+    def count_failed() -> int:
+        objects = client.store.list_objects(args.namespace, args.selector)
+        return sum(1 for obj in objects if (obj.get("status") or {}).get("phase") == "Failed")
+
+    worker = WorkPool(pool, options, count_failed=count_failed)
+    previous = {sig: signal.signal(sig, lambda _s, _f: worker.drain())
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return worker.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        pool.close()
+        client.close()
 
 
 def _cmd_ls(args: argparse.Namespace) -> int:

@@ -31,11 +31,17 @@ PR_SET_PDEATHSIG = 1
 
 @dataclass
 class RunResult:
-    """How a run ended: the command's exit code and whether the lease was lost."""
+    """How a run ended: the command's exit code and whether the lease was lost.
+
+    ``interrupted`` means the caller's ``stop`` ended the command (``joblease work``
+    draining past its timeout): the lease was released without counting an attempt,
+    because the job did not fail, its worker left.
+    """
 
     child_exit: int
     lost: bool
     completed: bool
+    interrupted: bool = False
 
 
 def lease_environment(lease: Lease) -> dict[str, str]:
@@ -185,12 +191,25 @@ def _die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> RunResult:
+def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0, *,
+                    stop: threading.Event | None = None,
+                    forward_signals: bool = True) -> RunResult:
     """Run ``command`` while holding ``lease``; complete on exit 0, release otherwise.
 
     The command is stopped when the lease is lost, by the deadline at the latest — also if
     this process is killed or paused (the sentinel does it then). It is never started if
     the lease was already lost.
+
+    Args:
+        lease: The claimed lease.
+        command: The command and its arguments.
+        grace: Seconds between SIGTERM and SIGKILL when the command must stop.
+        stop: When set, the command's group gets SIGTERM (SIGKILL after ``grace``) and the
+            lease is released *without* counting an attempt: the worker is leaving, the job
+            did not fail. ``joblease work`` sets it when its drain timeout runs out.
+        forward_signals: Pass this process's SIGINT/SIGTERM on to the command (``run``).
+            Only possible from the main thread; ``joblease work`` runs commands from
+            threads and handles those signals itself (it drains).
     """
     holding = _StopChildOnLoss(lease, grace)
     env = {**os.environ, **lease_environment(lease)}
@@ -200,14 +219,8 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
             print(f"joblease run: lease {lease.name!r} was lost before the command started "
                   f"({holding.loss}); not starting it", file=sys.stderr, flush=True)
             return RunResult(EXIT_LEASE_LOST, True, False)
-        forward = _forward_signals(child)
-        try:
-            code = child.wait()
-        finally:
-            forward()
-            if holding.sentinel is not None:
-                holding.sentinel.done()
-        if code != 0:
+        code, interrupted = _wait_for(child, holding, grace, stop, forward_signals)
+        if code != 0 and not interrupted:
             holding.fail()  # released as failed on exit: an attempt is counted
         with contextlib.suppress(LeaseError):
             holding.check()  # a deadline that passed while we waited is a loss, not a success
@@ -216,8 +229,59 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0) -> Run
                 holding.complete(f"exit 0: {' '.join(command)[:200]}")
             except (LeaseError, ApiError) as err:
                 print(f"joblease run: completion refused: {err}", file=sys.stderr)
-                return RunResult(code, True, False)
-    return RunResult(code, holding.loss is not None, holding.completed)
+                return RunResult(code, True, False, interrupted)
+    return RunResult(code, holding.loss is not None, holding.completed, interrupted)
+
+
+def _wait_for(child: subprocess.Popen[bytes], holding: _StopChildOnLoss, grace: float,
+              stop: threading.Event | None, forward_signals: bool) -> tuple[int, bool]:
+    """Wait for the command; return its exit code and whether ``stop`` interrupted it."""
+    restore = _forward_signals(child) if forward_signals else (lambda: None)
+    interrupter = _Interrupter(child, grace, stop) if stop is not None else None
+    try:
+        code = child.wait()
+    finally:
+        restore()
+        if interrupter is not None:
+            interrupter.finish()
+        if holding.sentinel is not None:
+            holding.sentinel.done()
+    return code, interrupter is not None and interrupter.fired
+
+
+class _Interrupter:
+    """Stops the command when the caller's ``stop`` event is set (a thread of its own).
+
+    Why a thread: the runner's own thread is blocked in ``wait()`` on the command, and
+    polling there would delay every normal exit by the polling period.
+    """
+
+    def __init__(self, child: subprocess.Popen[bytes], grace: float,
+                 stop: threading.Event) -> None:
+        self.child, self.grace, self.stop = child, grace, stop
+        self.fired = False
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=f"stop-{child.pid}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._ended.is_set():
+            if self.stop.wait(0.1):
+                break
+        if self._ended.is_set() or self.child.poll() is not None:
+            return
+        self.fired = True
+        _signal_group(self.child, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.child.wait(self.grace)
+            return
+        _signal_group(self.child, signal.SIGKILL)
+
+    def finish(self) -> None:
+        """The command ended: let the thread go (it never signals an ended command)."""
+        self._ended.set()
+        self._thread.join()
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:

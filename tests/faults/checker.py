@@ -13,7 +13,8 @@ Properties, per JobLease (``docs/history-format.md`` gives the record they read)
 * ``target-order``: the fenced target never accepts a token lower than one it has accepted.
 * ``stale-accepted``: no renew, complete or release is acknowledged for a generation after a
   higher generation's claim had returned.
-* ``reopened``: no claim is acknowledged after an acknowledged completion.
+* ``reopened``: no claim is acknowledged after an acknowledged completion, or after a
+  release acknowledged as having ended the lease Failed (``maxAttempts`` used up).
 * ``completion-lost``: the final state read from the API server shows every acknowledged
   completion (same generation and holder) and a generation at least as high as every
   acknowledged claim.
@@ -77,6 +78,8 @@ def _check_lease(lease: str, ops: list[Op]) -> list[Violation]:
     held_ops = [o for o in ops if o.op in ("renew", "complete", "release")]
     writes = [o for o in ops if o.op == "write" and o.ok]
     completes = [o for o in ops if o.op == "complete" and o.ok]
+    failed_releases = [o for o in ops if o.op == "release" and o.ok
+                       and o.result.get("phase") == "Failed"]
 
     # token-order
     seen: dict[tuple[int, int], Op] = {}
@@ -143,11 +146,12 @@ def _check_lease(lease: str, ops: list[Op]) -> list[Violation]:
                 "claimed", (newer[0].id, o.id)))
 
     # reopened
-    for done in completes:
+    for done in [*completes, *failed_releases]:
+        how = "completion" if done.op == "complete" else "failed release"
         for c in claims:
             if before(done, c):
                 out.append(Violation("reopened", lease, f"claim of generation "
-                                     f"{token_of(c)[1]} after completion of generation "
+                                     f"{token_of(c)[1]} after {how} of generation "
                                      f"{token_of(done)[1]}", (done.id, c.id)))
 
     # target-order

@@ -16,6 +16,12 @@
 // holder and generation; the target accepts a token only if it is >= the highest it has
 // accepted. Operations whose outcome is unknown (timeout, crash) may or may not have taken
 // effect (a nondeterministic step).
+//
+// Failed (maxAttempts used up, work pools) is terminal like Completed. It is entered by a
+// failed release that used the last attempt (recorded with result phase "Failed"), or
+// without a record of its own when an expired holder's attempt is counted (the operator's
+// expiry, or a claim that finds the attempts used up and is refused as "finished"): so a
+// held lease may turn Failed at a claim refused as finished or at a read, a free one never.
 package main
 
 import (
@@ -72,6 +78,7 @@ const (
 	free = iota
 	held
 	completed
+	failed
 )
 
 // state of one JobLease and its fenced target. Comparable with ==.
@@ -147,7 +154,7 @@ func current(s state, in input) bool {
 func applied(s state, in input, out output, known bool) (bool, state) {
 	switch in.Op {
 	case "claim":
-		if s.Phase == completed {
+		if s.Phase == completed || s.Phase == failed {
 			return false, s
 		}
 		gen, epoch := s.Gen+1, s.Epoch
@@ -185,6 +192,9 @@ func applied(s state, in input, out output, known bool) (bool, state) {
 			n.Phase, n.CompGen, n.Until = completed, in.Gen, 0
 		case "release":
 			n.Phase, n.Until = free, 0
+			if known && out.Phase == "Failed" {
+				n.Phase = failed
+			}
 		}
 		return true, n
 	case "write":
@@ -199,9 +209,14 @@ func applied(s state, in input, out output, known bool) (bool, state) {
 		return true, n
 	case "read":
 		phase := map[string]int{"Available": free, "Held": held, "Expired": held,
-			"Completed": completed}[out.Phase]
+			"Completed": completed, "Failed": failed}[out.Phase]
 		if out.Phase == "Available" && s.Phase == held {
 			return false, s
+		}
+		if phase == failed && s.Phase == held && out.Gen == s.Gen {
+			n := s // the holder's expired attempt was the last one (unrecorded)
+			n.Phase, n.Until = failed, 0
+			return true, n
 		}
 		if phase != s.Phase || out.Gen != s.Gen || (phase == completed && out.CompGen != s.CompGen) {
 			return false, s
@@ -216,7 +231,7 @@ func refusedOK(s state, in input, out output) bool {
 	case in.Op == "claim" && out.Reason == "held":
 		return s.Phase == held
 	case in.Op == "claim" && out.Reason == "finished":
-		return s.Phase == completed
+		return s.Phase == completed || s.Phase == failed || s.Phase == held
 	case (in.Op == "renew" || in.Op == "complete" || in.Op == "release") && out.Reason == "stale":
 		return !current(s, in)
 	case in.Op == "write" && out.Reason == "stale":
@@ -253,10 +268,15 @@ var model = porcupine.NondeterministicModel{
 			}
 			return nil
 		case "refused":
-			if refusedOK(s, in, out) {
-				return []interface{}{s}
+			if !refusedOK(s, in, out) {
+				return nil
 			}
-			return nil
+			if in.Op == "claim" && out.Reason == "finished" && s.Phase == held {
+				n := s // the expired holder's attempt was the last: Failed from now on
+				n.Phase, n.Until = failed, 0
+				return []interface{}{n}
+			}
+			return []interface{}{s}
 		default: // unknown: it may or may not have taken effect
 			if in.Op == "read" {
 				return []interface{}{s}
@@ -296,7 +316,7 @@ var model = porcupine.NondeterministicModel{
 	},
 	DescribeState: func(st interface{}) string {
 		s := st.(state)
-		phase := []string{"free", "held", "completed"}[s.Phase]
+		phase := []string{"free", "held", "completed", "failed"}[s.Phase]
 		return fmt.Sprintf("%s holder=%q gen=%d/%d target≥%d/%d", phase, s.Holder, s.Epoch,
 			s.Gen, s.TopE, s.TopG)
 	},

@@ -1,0 +1,523 @@
+"""Work-pool chaos: real ``joblease work`` processes draining a batch while being killed and paused.
+
+One run (:func:`run_pool_chaos`):
+
+1. creates ``jobs`` JobLeases labelled ``pool=<run>`` (priorities 0/5/10, a short
+   ``spec.backoff``; ``…-doomed`` jobs exit 1 every attempt and have ``maxAttempts: 2``,
+   ``…-flaky`` jobs fail their first generation, some others have a generous
+   ``maxAttempts``), and waits until the operator has initialized every one;
+2. starts ``workers`` processes of ``joblease work --until-empty -c K`` (through
+   ``tests.faults.pool_worker``, which records their lease operations) whose command is
+   ``tests.faults.pool_job`` (two fenced writes to PostgreSQL, recorded);
+3. a chaos loop (seeded) SIGKILLs workers that have a command running and restarts them
+   under a new name, and SIGSTOPs others — the worker alone, or with its commands and their
+   sentinel — for up to twice the lease, then SIGCONTs them;
+4. when the chaos time is over (or the batch is nearly drained) everything is resumed and
+   the workers drain the rest and exit by themselves;
+5. the history goes through both checkers (:func:`harness.judge`), and
+   :func:`pool_properties` checks what a pool promises on top (issue 17, item 5).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from support.paths import REPO
+from support.waiting import retry, wait_for
+
+from .harness import FaultEnv, RunReport, judge
+from .history import Op, load
+
+PRIORITIES = (0, 5, 10)
+
+
+@dataclass
+class ChaosPlan:
+    """The size and pace of one run."""
+
+    jobs: int = 200
+    workers: int = 8
+    concurrency: int = 2
+    duration: int = 3  # leaseDurationSeconds
+    backoff: dict[str, Any] = field(default_factory=lambda: {
+        "initialSeconds": 1, "factor": 1.5, "maxSeconds": 3})
+    chaos_seconds: float = 60.0  # faults are injected for at most this long
+    pace: tuple[float, float] = (0.6, 1.6)  # seconds between two chaos actions
+    work: float = 0.4  # mean seconds between a command's two writes
+    timeout: float = 240.0  # the whole batch must be drained by then
+
+
+@dataclass
+class JobSpec:
+    """One job of the batch and what it was created with."""
+
+    name: str
+    priority: int
+    max_attempts: int | None
+
+    @property
+    def doomed(self) -> bool:
+        return self.name.endswith("-doomed")
+
+
+def make_jobs(rng: random.Random, plan: ChaosPlan, run: str) -> list[JobSpec]:
+    """The batch: mixed priorities, ~6 % doomed, ~10 % flaky, ~20 % with a maxAttempts."""
+    jobs = []
+    for i in range(plan.jobs):
+        roll = rng.random()
+        kind, max_attempts = "", None
+        if roll < 0.06:
+            kind, max_attempts = "-doomed", 2
+        elif roll < 0.16:
+            kind = "-flaky"
+        elif roll < 0.36:
+            max_attempts = 20
+        jobs.append(JobSpec(f"{run}-{i:03d}{kind}", rng.choice(PRIORITIES), max_attempts))
+    return jobs
+
+
+def create_jobs(env: FaultEnv, plan: ChaosPlan, run: str, jobs: list[JobSpec]) -> None:
+    """Create the batch and wait until the operator has given every JobLease its status."""
+    client = env.client()
+    try:
+        for job in jobs:
+            spec: dict[str, Any] = {"leaseDurationSeconds": plan.duration,
+                                    "priority": job.priority, "backoff": plan.backoff}
+            if job.max_attempts is not None:
+                spec["maxAttempts"] = job.max_attempts
+            retry(lambda s=spec, j=job: client.store.create(  # type: ignore[misc]
+                env.namespace, j.name, s, labels={"pool": run}))
+
+        def initialized() -> bool:
+            objs = client.store.list_objects(env.namespace, f"pool={run}")
+            return len(objs) == len(jobs) and all(o.get("status") for o in objs)
+
+        wait_for(initialized, 60, "the operator to initialize the batch", poll=0.2)
+    finally:
+        client.close()
+
+
+# -- worker processes ------------------------------------------------------------------------
+
+class PoolWorkers:
+    """The run's ``joblease work`` processes; only these PIDs (and their children) are signalled."""
+
+    def __init__(self, env: FaultEnv, plan: ChaosPlan, run: str, run_dir: Path) -> None:
+        self.env, self.plan, self.run, self.run_dir = env, plan, run, run_dir
+        self.history = run_dir / "history"
+        self.logs = run_dir / "logs"
+        self.history.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}  # slot index → current process
+        self.names: dict[int, str] = {}
+        self.restarts: dict[int, int] = defaultdict(int)
+        self.exited: list[tuple[str, int]] = []  # (name, code) of processes that ended
+
+    def start(self, index: int) -> None:
+        name = f"w{index}.{self.restarts[index]}"
+        job = [sys.executable, "-m", "tests.faults.pool_job", "--history", str(self.history),
+               "--dsn", self.env.dsn, "--work", str(self.plan.work)]
+        argv = [sys.executable, "-m", "tests.faults.pool_worker", str(self.history), name,
+                "--", "work", "-n", self.env.namespace, "--kubeconfig",
+                str(self.env.kubeconfig), "-l", f"pool={self.run}",
+                "-c", str(self.plan.concurrency), "--until-empty", "--holder", name,
+                "--grace", "1", "--drain-timeout", "10", "--progress-every", "5", "--", *job]
+        log = (self.logs / f"{name}.err").open("wb")
+        self.procs[index] = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log,
+                                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        log.close()
+        self.names[index] = name
+
+    def kill(self, index: int) -> None:
+        """SIGKILL the worker (its commands die with it: PDEATHSIG and the sentinel)."""
+        proc = self.procs[index]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        self.exited.append((self.names[index], proc.wait(30)))
+        self.restarts[index] += 1
+
+    def busy(self, index: int) -> bool:
+        """Whether the worker has a command running (a kill then orphans a job)."""
+        return any(_cmdline(pid).count("tests.faults.pool_job")
+                   for pid in descendants(self.procs[index].pid))
+
+    def tree(self, index: int) -> list[int]:
+        """The worker and every process below it (commands, sentinels)."""
+        pid = self.procs[index].pid
+        return [pid, *descendants(pid)]
+
+    def live(self) -> list[int]:
+        return [i for i, p in self.procs.items() if p.poll() is None]
+
+    def wait_all(self, timeout: float) -> dict[str, int]:
+        """Wait for every current worker to exit by itself (``--until-empty``)."""
+        deadline = time.monotonic() + timeout
+        codes: dict[str, int] = {}
+        for index, proc in self.procs.items():
+            try:
+                codes[self.names[index]] = proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                codes[self.names[index]] = -999  # did not drain: reported, then killed
+        return codes
+
+    def cleanup(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                for pid in [proc.pid, *descendants(proc.pid)]:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+                proc.kill()
+                proc.wait(30)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc; bounded by the process table)."""
+    found: list[int] = []
+    todo = [pid]
+    while todo and len(found) < 10_000:
+        parent = todo.pop()
+        for task in _listdir(f"/proc/{parent}/task"):
+            with contextlib.suppress(OSError):
+                children = Path(f"/proc/{parent}/task/{task}/children").read_text().split()
+                for child in map(int, children):
+                    found.append(child)
+                    todo.append(child)
+    return found
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+# -- chaos -----------------------------------------------------------------------------------
+
+@dataclass
+class Chaos:
+    """What the chaos loop did."""
+
+    kills: int = 0
+    pauses: int = 0
+    tree_pauses: int = 0
+    paused: list[tuple[float, list[int]]] = field(default_factory=list)  # (resume at, pids)
+
+    def resume_due(self, now: float) -> None:
+        due = [p for p in self.paused if p[0] <= now]
+        self.paused = [p for p in self.paused if p[0] > now]
+        for _, pids in due:
+            _cont(pids)
+
+    def resume_all(self) -> None:
+        self.resume_due(float("inf"))
+
+
+def _cont(pids: list[int]) -> None:
+    for pid in reversed(pids):  # commands first, the worker last
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def chaos_loop(workers: PoolWorkers, rng: random.Random, plan: ChaosPlan,
+               unfinished: Any) -> Chaos:
+    """Kill and pause workers until the chaos time is over or the batch is nearly drained."""
+    chaos = Chaos()
+    end = time.monotonic() + plan.chaos_seconds
+    next_action = time.monotonic() + rng.uniform(*plan.pace)
+    while time.monotonic() < end:
+        now = time.monotonic()
+        chaos.resume_due(now)
+        if now < next_action:
+            time.sleep(min(0.1, next_action - now))
+            continue
+        next_action = now + rng.uniform(*plan.pace)
+        if unfinished() <= max(2, plan.jobs // 10):
+            break
+        paused_pids = {pid for _, pids in chaos.paused for pid in pids}
+        candidates = [i for i in workers.live() if workers.procs[i].pid not in paused_pids]
+        if not candidates:
+            continue
+        index = rng.choice(candidates)
+        if rng.random() < 0.4:
+            if workers.busy(index):
+                workers.kill(index)
+                chaos.kills += 1
+                time.sleep(rng.uniform(0.0, 0.5))
+                workers.start(index)
+        else:
+            whole = rng.random() < 0.5
+            pids = workers.tree(index) if whole else [workers.procs[index].pid]
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGSTOP)
+            chaos.pauses += 1
+            chaos.tree_pauses += int(whole)
+            chaos.paused.append((now + rng.uniform(0.3, 2.0 * plan.duration), pids))
+    chaos.resume_all()
+    return chaos
+
+
+# -- the run ---------------------------------------------------------------------------------
+
+@dataclass
+class PoolReport:
+    """A run's figures, the checkers' report and the pool properties' findings."""
+
+    seed: int
+    plan: ChaosPlan
+    report: RunReport
+    chaos: Chaos
+    final: dict[str, dict[str, Any]]
+    codes: dict[str, int]
+    findings: dict[str, list[str]]
+    figures: dict[str, Any]
+
+    def line(self) -> str:
+        f = self.figures
+        return (f"pool-chaos seed={self.seed} jobs={self.plan.jobs} workers={self.plan.workers}"
+                f"x{self.plan.concurrency} completed={f['completed']} failed={f['failed']} "
+                f"kills={self.chaos.kills} pauses={self.chaos.pauses} "
+                f"(with commands {self.chaos.tree_pauses}) claims={f['claims']} "
+                f"retries={f['retries']} retries_after_loss={f['retries_after_loss']} "
+                f"stale_writes_refused={f['stale_refused']} "
+                f"violations={len(self.report.ours)}/{int(self.report.porcupine.violation)} "
+                f"porcupine={self.report.porcupine.result} seconds={f['seconds']:.0f}")
+
+
+def run_pool_chaos(env: FaultEnv, seed: int, plan: ChaosPlan) -> PoolReport:
+    """One seeded run (see the module doc); nothing is asserted here, everything reported."""
+    rng = random.Random(seed)
+    run = f"pc{seed % 100000}"
+    run_dir = env.workdir / f"pool-chaos-{seed}"
+    jobs = make_jobs(rng, plan, run)
+    create_jobs(env, plan, run, jobs)
+    client = env.client()
+    began = time.monotonic()
+
+    def unfinished() -> int:
+        objs = retry(lambda: client.store.list_objects(env.namespace, f"pool={run}"))
+        return sum(1 for o in objs if (o.get("status") or {}).get("phase")
+                   not in ("Completed", "Failed"))
+
+    workers = PoolWorkers(env, plan, run, run_dir)
+    try:
+        for index in range(plan.workers):
+            workers.start(index)
+        chaos = chaos_loop(workers, rng, plan, unfinished)
+        left = max(10.0, plan.timeout - (time.monotonic() - began))
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: unfinished() == 0, left, "the batch to drain", poll=0.5)
+        codes = workers.wait_all(30)
+    finally:
+        workers.cleanup()
+        client.close()
+    seconds = time.monotonic() - began
+    report = judge(env, "pool-chaos", seed, run_dir, faults=chaos.kills + chaos.pauses)
+    final = _final_states(env, run)
+    ops = load(run_dir / "history")
+    findings = pool_properties(ops, jobs, final, plan, _fence_rows(env.dsn, run))
+    figures = _figures(ops, final, seconds)
+    return PoolReport(seed, plan, report, chaos, final, codes, findings, figures)
+
+
+def _final_states(env: FaultEnv, run: str) -> dict[str, dict[str, Any]]:
+    client = env.client()
+    try:
+        objs = retry(lambda: client.store.list_objects(env.namespace, f"pool={run}"))
+    finally:
+        client.close()
+    return {o["metadata"]["name"]: dict(o.get("status") or {}) for o in objs}
+
+
+def _fence_rows(dsn: str, run: str) -> dict[str, Any]:
+    """Per job: the effects rows in commit order, and the fence's highest token."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        effects = conn.execute("SELECT resource, epoch, generation FROM effects "
+                               "WHERE resource LIKE %s ORDER BY id", (f"{run}-%",)).fetchall()
+        fence = conn.execute("SELECT resource, epoch, generation FROM joblease_fence "
+                             "WHERE resource LIKE %s", (f"{run}-%",)).fetchall()
+    rows: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for resource, epoch, gen in effects:
+        rows[resource].append((int(epoch), int(gen)))
+    return {"effects": dict(rows), "fence": {r: (int(e), int(g)) for r, e, g in fence}}
+
+
+def _figures(ops: list[Op], final: dict[str, dict[str, Any]], seconds: float
+             ) -> dict[str, Any]:
+    claims = [o for o in ops if o.op == "claim" and o.ok]
+    claimed_jobs = {o.lease for o in claims}
+    return {
+        "completed": sum(1 for s in final.values() if s.get("phase") == "Completed"),
+        "failed": sum(1 for s in final.values() if s.get("phase") == "Failed"),
+        "claims": len(claims),
+        "retries": len(claims) - len(claimed_jobs),
+        "retries_after_loss": len(_takeovers(ops)),
+        "stale_refused": sum(1 for o in ops if o.op == "write" and o.status == "refused"),
+        "seconds": seconds,
+    }
+
+
+# -- what a pool promises (issue 17, item 5) -------------------------------------------------
+
+def _takeovers(ops: list[Op]) -> list[tuple[Op, Op, float]]:
+    """Claims of g+1 after a generation g that was not released or completed (a lost holder).
+
+    Returns ``(claim of g+1, claim of g, end of g's window in server ms)``.
+    """
+    by_job: dict[str, list[Op]] = defaultdict(list)
+    for o in ops:
+        by_job[o.lease].append(o)
+    found = []
+    for job_ops in by_job.values():
+        claims = {int(o.result["generation"]): o for o in job_ops if o.op == "claim" and o.ok}
+        for gen, claim in claims.items():
+            prev = claims.get(gen - 1)
+            if prev is None:
+                continue
+            ended = [o for o in job_ops if o.op in ("release", "complete")
+                     and o.status != "refused" and int(o.args.get("generation", -1)) == gen - 1]
+            if ended:
+                continue
+            until = [float(o.result["lease_until"]) for o in job_ops
+                     if o.op in ("claim", "renew") and o.ok and o.result.get("lease_until")
+                     and _gen_of(o) == gen - 1]
+            if until:
+                found.append((claim, prev, max(until)))
+    return found
+
+
+def _gen_of(o: Op) -> int:
+    return int(o.result["generation"]) if o.op == "claim" else int(o.args["generation"])
+
+
+def pool_properties(ops: list[Op], jobs: list[JobSpec], final: dict[str, dict[str, Any]],
+                    plan: ChaosPlan, fence: dict[str, Any]) -> dict[str, list[str]]:
+    """Every broken pool promise, by property name (empty lists: all hold)."""
+    found: dict[str, list[str]] = {
+        "finished": [], "one-completion": [], "fence": [], "backoff": [], "max-attempts": [],
+        "priority": []}
+    by_job: dict[str, list[Op]] = defaultdict(list)
+    for o in ops:
+        by_job[o.lease].append(o)
+    initial_ms = float(plan.backoff["initialSeconds"]) * 1000.0
+    for job in jobs:
+        st = final.get(job.name, {})
+        phase = st.get("phase")
+        job_ops = by_job[job.name]
+        if phase not in ("Completed", "Failed"):
+            found["finished"].append(f"{job.name}: phase {phase}")
+        _check_completion(job, st, job_ops, fence, found["one-completion"])
+        _check_fence(job, st, fence, found["fence"])
+        _check_attempts(job, st, found["max-attempts"])
+        _check_failed_release_backoff(job, job_ops, initial_ms, found["backoff"])
+    for claim, _prev, until in _takeovers(ops):
+        if claim.server_hi is not None and claim.server_hi < until + initial_ms:
+            found["backoff"].append(
+                f"{claim.lease}: generation {claim.result['generation']} claimed by server "
+                f"time {claim.server_hi:.0f} ms, before the lost window's end {until:.0f} ms "
+                f"+ the backoff {initial_ms:.0f} ms")
+    found["priority"] = _check_priority(ops, jobs)
+    return found
+
+
+def _check_completion(job: JobSpec, st: dict[str, Any], ops: list[Op], fence: dict[str, Any],
+                      out: list[str]) -> None:
+    acked = [o for o in ops if o.op == "complete" and o.ok]
+    if len(acked) > 1:
+        out.append(f"{job.name}: {len(acked)} acknowledged completions")
+    if st.get("phase") != "Completed":
+        if acked:
+            out.append(f"{job.name}: completion acknowledged but phase {st.get('phase')}")
+        return
+    record = st.get("completion") or {}
+    gen, holder = record.get("generation"), record.get("holder")
+    claimed = {(int(o.result["generation"]), o.result.get("holder")) for o in ops
+               if o.op == "claim" and o.status != "refused" and o.result.get("generation")}
+    if (gen, holder) not in claimed:
+        out.append(f"{job.name}: completion record {record} names no claim of the history")
+    if acked and int(acked[0].args["generation"]) != gen:
+        out.append(f"{job.name}: acknowledged completion of generation "
+                   f"{acked[0].args['generation']}, record says {gen}")
+
+
+def _check_fence(job: JobSpec, st: dict[str, Any], fence: dict[str, Any],
+                 out: list[str]) -> None:
+    rows = fence["effects"].get(job.name, [])
+    if any(b < a for a, b in itertools.pairwise(rows)):
+        out.append(f"{job.name}: the target committed tokens out of order: {rows}")
+    if st.get("phase") == "Completed":
+        token = (int(st.get("epoch") or 0), int((st.get("completion") or {}).get("generation", 0)))
+        if fence["fence"].get(job.name) != token:
+            out.append(f"{job.name}: the fence's last accepted token "
+                       f"{fence['fence'].get(job.name)} is not the completion's {token}")
+
+
+def _check_attempts(job: JobSpec, st: dict[str, Any], out: list[str]) -> None:
+    if job.doomed and (st.get("phase") != "Failed" or st.get("reason") != "AttemptsExhausted"):
+        out.append(f"{job.name}: doomed (maxAttempts {job.max_attempts}) but phase "
+                   f"{st.get('phase')}, reason {st.get('reason')}")
+    if st.get("phase") == "Failed" and job.max_attempts is None:
+        out.append(f"{job.name}: Failed without a maxAttempts")
+    if st.get("phase") == "Failed" and int(st.get("attempts", 0)) != job.max_attempts:
+        out.append(f"{job.name}: Failed after {st.get('attempts')} attempts, maxAttempts "
+                   f"{job.max_attempts}")
+
+
+def _check_failed_release_backoff(job: JobSpec, ops: list[Op], initial_ms: float,
+                                  out: list[str]) -> None:
+    """A claim after a release as failed waits for the backoff (on the server's clock)."""
+    releases = {int(o.args["generation"]): o for o in ops
+                if o.op == "release" and o.ok and o.args.get("failed")}
+    for o in ops:
+        if o.op != "claim" or not o.ok:
+            continue
+        rel = releases.get(int(o.result["generation"]) - 1)
+        if rel is not None and rel.server_lo is not None and o.server_hi is not None \
+                and o.server_hi < rel.server_lo + initial_ms:
+            out.append(f"{job.name}: generation {o.result['generation']} claimed by server "
+                       f"time {o.server_hi:.0f} ms, within the backoff of the failed release "
+                       f"invoked at {rel.server_lo:.0f} ms")
+
+
+def _check_priority(ops: list[Op], jobs: list[JobSpec]) -> list[str]:
+    """No job's first claim was sent before every higher-priority job had been claimed.
+
+    Why this holds: a worker chooses a lower priority only when no higher one is a
+    candidate in its view — each is held, resting or finished, so a claim of it had been
+    sent already (all jobs were created and initialized before the workers started).
+    """
+    priority = {j.name: j.priority for j in jobs}
+    first: dict[str, int] = {}
+    for o in ops:
+        if o.op == "claim" and o.status != "refused" and o.lease in priority:
+            first[o.lease] = min(first.get(o.lease, o.call_ns), o.call_ns)
+    out = []
+    for low, at in first.items():
+        later = [high for high, t in first.items()
+                 if priority[high] > priority[low] and t > at]
+        never = [j.name for j in jobs if j.priority > priority[low] and j.name not in first]
+        if later or never:
+            out.append(f"{low} (priority {priority[low]}) first claimed before "
+                       f"{(later + never)[:3]} of a higher priority")
+    return out
