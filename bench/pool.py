@@ -38,6 +38,7 @@ import contextlib
 import json
 import math
 import queue
+import resource
 import signal
 import subprocess
 import sys
@@ -71,6 +72,7 @@ EXPIRING_DURATION = 2  # seconds: the abandoned leases of the latency phase
 NOOP = ("true",)
 # the command of a latency job: the wall time it started, into a file named after its job
 MARK = 'date +%s.%N > "$0/$JOBLEASE_NAME"'
+SPAWNS = 30  # processes started to measure what one start costs
 TARGETS = {"ratio": 0.85, "wasted_per_job": 0.05, "spread": 1.5, "latency_p99": 0.5}
 
 
@@ -89,12 +91,16 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
     finally:
         api.close()
     postgres = _postgres(jobs, workers, logs)
+    # what each job's processes cost alone: the command, and the Python sentinel that
+    # `joblease work` (as `joblease run`) starts beside every command
+    spawns = {"command": spawn_cost(NOOP, SPAWNS),
+              "python": spawn_cost([sys.executable, "-c", "pass"], SPAWNS)}
     floor_rate = ((before["writes"] + after["writes"])
                   / (before["seconds"] + after["seconds"]))
     out: dict[str, Any] = {
         "jobs": jobs, "workers": workers, "floor_before": before, "floor_after": after,
         "floor_writes_per_s": floor_rate, "drain": drain, "latency": latency,
-        "postgres": postgres, "targets": TARGETS,
+        "postgres": postgres, "spawn_cost": spawns, "targets": TARGETS,
         "ratio": drain["jobs_per_s"] / (floor_rate / 2)}
     if "jobs_per_s" in postgres:
         out["versus_postgres"] = drain["jobs_per_s"] / postgres["jobs_per_s"]
@@ -263,6 +269,21 @@ def _create(api: KubeApi, namespace: str, names: list[str], labels: dict[str, st
     return names
 
 
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every child reaped so far, their own children included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def spawn_cost(argv: Sequence[str], times: int) -> dict[str, float]:
+    """Mean wall and CPU seconds of starting ``argv`` and waiting for it, ``times`` times."""
+    cpu, start = _children_cpu(), time.perf_counter()
+    for _ in range(times):
+        subprocess.run(list(argv), check=True)
+    return {"wall_s": (time.perf_counter() - start) / times,
+            "cpu_s": (_children_cpu() - cpu) / times}
+
+
 def _split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
@@ -314,10 +335,12 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
 
     argvs = [work_argv(kubeconfig, namespace, selector, f"pool-w{i:02d}", NOOP,
                        until_empty=True) for i in range(workers)]
+    cpu = _children_cpu()
     with Processes(argvs, logs, "drain") as pool:
-        codes = pool.wait(120 + jobs * 0.1, tick)
+        codes = pool.wait(120 + jobs * 0.2, tick)
         failure = pool.failure_log()
     wall = time.monotonic() - started
+    cpu = _children_cpu() - cpu  # the workers, their commands and sentinels, start-up included
     after = apiserver_requests(cluster)
     items = [Observed.from_object(o) for o in list_leases(api, namespace)
              if (o["metadata"].get("labels") or {}) == DRAIN_LABEL]
@@ -325,6 +348,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     wasted = _status_writes(after, before, "409")
     figures.update({
         "jobs": jobs, "workers": workers, "exit_codes": codes, "wall_seconds": wall,
+        "worker_cpu_s_per_job": cpu / jobs,
         "wasted_writes": wasted, "wasted_per_job": wasted / jobs,
         "status_writes_per_job": _status_writes(after, before, None) / jobs,
         "requests_per_job": _requests_per_job(after, before, jobs)})
@@ -537,12 +561,14 @@ def _postgres_drain(dsn: str, jobs: int, workers: int, logs: Path) -> dict[str, 
         conn.execute("ANALYZE jobs")
     argvs = [[sys.executable, "-m", "bench.pool_worker", "postgres", "--dsn", dsn,
               "--holder", f"pg-w{i:02d}"] for i in range(workers)]
+    cpu = _children_cpu()
     with Processes(argvs, logs, "postgres", lines=True) as gang:
         gang.ready(60 + 5 * workers)
         started = time.monotonic()
         gang.go()
         results = gang.results(120 + jobs * 0.05)
         wall = time.monotonic() - started
+    cpu = _children_cpu() - cpu
     with psycopg.connect(dsn) as conn:
         done, seconds = conn.execute(
             "SELECT count(*) FILTER (WHERE state = 'done'), "
@@ -555,7 +581,7 @@ def _postgres_drain(dsn: str, jobs: int, workers: int, logs: Path) -> dict[str, 
     progress(f"pool: PostgreSQL SKIP LOCKED queue drained {jobs} jobs in {seconds:.1f} s "
              f"= {jobs / seconds:.0f} jobs/s")
     return {"jobs": jobs, "workers": workers, "server_seconds": seconds,
-            "jobs_per_s": jobs / seconds, "wall_seconds": wall,
+            "jobs_per_s": jobs / seconds, "wall_seconds": wall, "worker_cpu_s_per_job": cpu / jobs,
             "gang": _gang_figures(results),
             "per_worker": {"max": max(counts), "min": min(counts)}}
 

@@ -155,7 +155,7 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
     d, lat, pg, t, met = (pool["drain"], pool["latency"], pool["postgres"], pool["targets"],
                           pool["met"])
     jobs, workers, floor = pool["jobs"], pool["workers"], pool["floor_writes_per_s"]
-    steady, per = d["steady"], d["per_worker"]
+    steady, per, spawn = d["steady"], d["per_worker"], pool["spawn_cost"]
     created, expiry = lat["created"], lat["after_expiry"]["s_after_lease_until"]
     rows = [
         (f"pool: drain {jobs} jobs with {workers} `joblease work` processes (command `true`)",
@@ -174,6 +174,12 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
         ("pool: jobs per worker, max / min", f"{per['max']} / {per['min']}",
          f"{per['workers_used']} of {workers} workers completed jobs", f"{per['spread']:.2f}",
          f"≤ {t['spread']}", _ok(met["spread"])),
+        ("pool: workers' CPU per job (their commands and sentinels included), ms",
+         f"{d['worker_cpu_s_per_job'] * 1000:.1f}",
+         f"PostgreSQL workers {pg.get('worker_cpu_s_per_job', math.nan) * 1000:.1f}; one "
+         f"start of `true` {spawn['command']['cpu_s'] * 1000:.1f}, of `python -c pass` "
+         f"{spawn['python']['cpu_s'] * 1000:.1f} (wall {spawn['python']['wall_s'] * 1000:.1f})",
+         "", "info", "n/a"),
         (f"pool: job created → its command starts ({workers} idle workers, "
          f"{lat['rate']:.0f} jobs/s), p50 / p99 s (n={created['n']})",
          f"{_s3(created['p50'])} / {_s3(created['p99'])}",
