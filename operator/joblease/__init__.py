@@ -28,6 +28,7 @@ from joblease.domain.errors import (
     LeaseHeldError,
     LeaseLostError,
     LeaseNotFoundError,
+    LeaseNotReadyError,
     LeaseUnavailableError,
     StaleLeaseError,
 )
@@ -52,7 +53,8 @@ __all__ = [
     "ApiError", "AsyncHolding", "ConflictError", "ContentionError", "FencingToken",
     "ForbiddenError", "Holding", "InvalidError", "JobleaseError", "Lease", "LeaseClient",
     "LeaseError", "LeaseExpiredError", "LeaseFinishedError", "LeaseGoneError",
-    "LeaseHeldError", "LeaseLostError", "LeaseNotFoundError", "LeaseUnavailableError",
+    "LeaseHeldError", "LeaseLostError", "LeaseNotFoundError", "LeaseNotReadyError",
+    "LeaseUnavailableError",
     "NotFoundError", "Phase", "StaleLeaseError", "UnavailableError", "default_holder",
 ]
 

@@ -275,3 +275,14 @@ def test_replace_keeps_set_aside_only_for_unchanged_versions_and_drops_the_gone(
 def test_unfinished_counts_the_cached_jobs_that_are_not_completed_or_failed(
         view: PoolView) -> None:
     assert view.unfinished() == sum(1 for o in _cached(view) if not o.status.phase.finished)
+
+
+def test_excluded_names_are_not_chosen_so_sibling_threads_take_different_leases() -> None:
+    view = PoolView()
+    view.replace([job(f"j{i}", created=i) for i in range(5)], "1")
+    taken: set[str] = set()
+    for _ in range(5):
+        chosen = view.choose("same-worker", at(0), MARGIN, exclude=taken)
+        assert chosen is not None and chosen.name not in taken
+        taken.add(chosen.name)
+    assert view.choose("same-worker", at(0), MARGIN, exclude=taken) is None

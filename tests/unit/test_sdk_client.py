@@ -17,7 +17,9 @@ from joblease.domain.errors import (
     LeaseExpiredError,
     LeaseFinishedError,
     LeaseHeldError,
+    LeaseNotReadyError,
     StaleLeaseError,
+    format_time,
 )
 from joblease.domain.token import FencingToken
 from joblease.sdk.client import DEFAULT_MARGIN, IDENTITY_HOLDER, LeaseClient, default_holder
@@ -160,3 +162,28 @@ def test_default_holder_prefers_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert default_holder() == "from-env"
     monkeypatch.delenv("JOBLEASE_HOLDER")
     assert default_holder().rsplit("-", 1)[1].isdigit()
+
+
+def test_wait_claim_sleeps_until_a_backoff_ends_then_claims(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rest_end = T_NOW + timedelta(seconds=7)
+    api, client = client_for({"phase": "Available", "attempts": 1,
+                              "notBefore": format_time(rest_end)})
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the fake server's time moves as the caller sleeps
+        slept.append(seconds)
+        later(api, sum(slept))
+
+    monkeypatch.setattr("joblease.sdk.client.time.sleep", sleep)
+    lease = client.wait_claim("job", "b", timeout=60, poll=0.5)
+    assert lease.generation == 1
+    assert slept == [pytest.approx(7.0)]  # one sleep to notBefore, not a poll every 0.5 s
+
+
+def test_wait_claim_gives_up_with_the_not_ready_error() -> None:
+    _, client = client_for({"phase": "Available", "attempts": 2,
+                            "notBefore": format_time(T_NOW + timedelta(seconds=60))})
+    with pytest.raises(LeaseNotReadyError) as err:
+        client.wait_claim("job", "b", timeout=0.05)
+    assert err.value.attempts == 2

@@ -13,7 +13,7 @@ import pytest
 
 import joblease
 import joblease.sdk
-from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient
+from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, Pool
 
 REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "sdk.md"
 
@@ -31,7 +31,7 @@ def test_every_exported_name_is_in_the_reference(module: object) -> None:
     assert missing == [], f"docs/sdk.md does not mention {missing}"
 
 
-@pytest.mark.parametrize("cls", [LeaseClient, Lease, Holding, AsyncHolding],
+@pytest.mark.parametrize("cls", [LeaseClient, Lease, Holding, AsyncHolding, Pool],
                          ids=lambda c: c.__name__)
 def test_every_public_method_of_the_main_classes_is_in_the_reference(cls: type) -> None:
     public = {name for name in vars(cls) if not name.startswith("_")}

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -158,10 +158,17 @@ class PoolView:
         return sorted(ready, key=_order_key)
 
     def choose(self, worker: str, now: ServerNow, margin: timedelta,
-               spread: int = DEFAULT_SPREAD) -> Observed | None:
-        """The candidate ``worker`` should try (steps 1-4), or ``None`` if there is none."""
+               spread: int = DEFAULT_SPREAD, exclude: Collection[str] = ()
+               ) -> Observed | None:
+        """The candidate ``worker`` should try (steps 1-4), or ``None`` if there is none.
+
+        ``exclude``: names the caller's other threads are claiming right now. Threads of one
+        worker share its name, hence its rendezvous ranking; without this they would all
+        race for the same lease.
+        """
         ready = [obs for name, obs in self._items.items()
-                 if name not in self._set_aside and _ready(obs, now, margin)]
+                 if name not in self._set_aside and name not in exclude
+                 and _ready(obs, now, margin)]
         if not ready:
             return None
         first = heapq.nsmallest(max(1, spread), ready, key=_order_key)  # O(n log spread)

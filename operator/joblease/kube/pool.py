@@ -56,7 +56,7 @@ class FeedSink(Protocol):
         """The watch has reached ``resource_version`` (nothing changed in the selection)."""
 
     def trouble(self, error: ApiError) -> None:
-        """A list or watch failed; the feed retries (after a pause, or at once after 410)."""
+        """A list or watch failed (not a 410, which just re-lists); the feed retries."""
 
 
 @dataclass
@@ -180,7 +180,7 @@ class LeaseFeed:
             self.resource_version = version
 
     def _failed(self, err: ApiError, failures: int, sink: FeedSink) -> int:
-        sink.trouble(err)
+        """Decide how to go on after ``err``; routine turns are not reported as trouble."""
         if err.status == 410:
             self.counts.gone += 1
             self.resource_version = None  # list again, at once
@@ -190,6 +190,7 @@ class LeaseFeed:
                         "finished JobLeases on this side", self.field_selector, err.message)
             self.field_selector = None
             return failures
+        sink.trouble(err)
         self.counts.failures += 1
         pause = min(RETRY_MAX, RETRY_FIRST * 2 ** failures) * random.uniform(0.5, 1.0)
         log.debug("JobLease feed %s/%s: %s; again in %.1fs", self.namespace,

@@ -9,9 +9,10 @@ from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, default_hold
 
 if TYPE_CHECKING:
     from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
+    from joblease.sdk.pool import Pool, PoolClosedError
 
-__all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient",
-           "RenewalStoppedError", "default_holder"]
+__all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient", "Pool",
+           "PoolClosedError", "RenewalStoppedError", "default_holder"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,4 +22,8 @@ def __getattr__(name: str) -> Any:
         from joblease.sdk import hold
 
         return getattr(hold, name)
+    if name in ("Pool", "PoolClosedError"):  # the watch's thread and its module: on first use
+        from joblease.sdk import pool
+
+        return getattr(pool, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

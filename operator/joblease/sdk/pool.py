@@ -33,7 +33,7 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from joblease.domain.errors import LeaseNotFoundError, LeaseUnavailableError
+from joblease.domain.errors import JobleaseError, LeaseNotFoundError, LeaseUnavailableError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
 from joblease.kube.api import ApiError, ConflictError, UnavailableError
@@ -49,8 +49,31 @@ LOST_ANSWER_PAUSE_MAX = 2.0
 log = logging.getLogger(__name__)
 
 
-class PoolClosedError(RuntimeError):
-    """The pool was closed (a programming error: claiming from a closed pool)."""
+class PoolClosedError(JobleaseError, RuntimeError):
+    """The pool was closed, or its watch stopped on an unexpected error (named as the cause)."""
+
+
+class _Sink:
+    """What the feed's thread calls (``joblease.kube.pool.FeedSink``), kept off Pool's surface."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+
+    def replace(self, items: list[Observed], resource_version: str) -> None:
+        """A complete list: the view starts over."""
+        self._pool._replace(items, resource_version)
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        """A watch event."""
+        self._pool._apply(event_type, obs)
+
+    def bookmark(self, resource_version: str) -> None:
+        """A BOOKMARK: the resume point moved."""
+        self._pool._bookmark(resource_version)
+
+    def trouble(self, error: ApiError) -> None:
+        """A list or watch failed: a claimer that never saw a list may raise it."""
+        self._pool._report(error)
 
 
 class Pool:
@@ -89,6 +112,8 @@ class Pool:
         self._synced = False
         self._trouble: BaseException | None = None
         self._closed = False
+        self._claiming: set[str] = set()  # names this pool's threads are claiming now
+        self._dead: Exception | None = None  # what stopped the feed's thread, if not close()
         self.feed = LeaseFeed(client.store, client.namespace, selector,
                               watch_seconds=watch_seconds)
         self._thread = threading.Thread(target=self._run_feed, daemon=True,
@@ -112,8 +137,8 @@ class Pool:
                 pool (``joblease work --until-empty``) instead of waiting for new ones.
 
         Returns:
-            The held ``Lease``, or ``None`` when the timeout passed (or, with
-            ``until_empty``, the pool is empty).
+            The held ``Lease``, or ``None`` when the timeout passed, the pool was closed
+            (a waiting call returns at once), or, with ``until_empty``, the pool is empty.
 
         Raises:
             UnavailableError: the pool could not list its leases before the timeout, or a
@@ -122,6 +147,7 @@ class Pool:
             ApiError: the API server refuses the list or watch (``ForbiddenError``:
                 RBAC must allow ``list`` and ``watch`` on jobleases), or a claim
                 (``ForbiddenError`` from the holder-only admission policy).
+            PoolClosedError: the pool's watch stopped on an unexpected error (its cause).
         """
         self._client._calibrate_if_due()
         who = self._client.resolve_holder(holder)
@@ -131,7 +157,12 @@ class Pool:
             chosen = self._choose_or_wait(who, deadline, width, until_empty)
             if chosen is None:
                 return None
-            lease = self._claim(chosen, who, deadline)
+            try:
+                lease = self._claim(chosen, who, deadline)
+            finally:
+                with self._changed:
+                    self._claiming.discard(chosen.name)
+                    self._bump()  # a sibling thread waiting on this name may choose again
             if lease is not None:
                 return lease
 
@@ -164,37 +195,33 @@ class Pool:
 
     # -- the feed's side (its own thread) ----------------------------------------------------
 
-    def replace(self, items: list[Observed], resource_version: str) -> None:
-        """The feed listed: start the view over (``FeedSink``)."""
+    def _replace(self, items: list[Observed], resource_version: str) -> None:
         with self._changed:
             self._view.replace(items, resource_version)
             self._synced, self._trouble = True, None
             self._bump()
 
-    def apply(self, event_type: str, obs: Observed) -> None:
-        """A watch event (``FeedSink``)."""
+    def _apply(self, event_type: str, obs: Observed) -> None:
         with self._changed:
             self._view.apply(event_type, obs)
             self._bump()
 
-    def bookmark(self, resource_version: str) -> None:
-        """A BOOKMARK: nothing changed, the resume point moved (``FeedSink``)."""
+    def _bookmark(self, resource_version: str) -> None:
         with self._changed:
             self._view.bookmark(resource_version)
 
-    def trouble(self, error: ApiError) -> None:
-        """A list or watch failed (``FeedSink``): a waiter that never synced may raise it."""
+    def _report(self, error: ApiError) -> None:
         with self._changed:
             self._trouble = error
             self._bump()
 
     def _run_feed(self) -> None:
         try:
-            self.feed.run(self)
+            self.feed.run(_Sink(self))
         except Exception as err:  # a bug must not leave claimers waiting on a dead feed
             log.exception("JobLease pool %r: the watch stopped", self.selector)
             with self._changed:
-                self._trouble = err
+                self._dead = err
                 self._closed = True
                 self._changed.notify_all()
 
@@ -210,12 +237,15 @@ class Pool:
         with self._changed:
             self._wait_synced(deadline)
             while True:
-                self._check_open()
+                if self._closed:
+                    self._raise_if_dead()
+                    return None  # closed under a waiting claim: a worker's loop ends
                 seen = self._changes
                 margin = self._client.margin()
                 now = self._client.api.server_now()
-                chosen = self._view.choose(who, now, margin, spread)
+                chosen = self._view.choose(who, now, margin, spread, exclude=self._claiming)
                 if chosen is not None:
+                    self._claiming.add(chosen.name)
                     return chosen
                 if until_empty and self._view.unfinished() == 0:
                     return None
@@ -245,8 +275,7 @@ class Pool:
 
     def _wait_synced(self, deadline: float | None) -> None:
         """Block (holding the condition) until the first list arrived (or raise)."""
-        while not self._synced:
-            self._check_open()
+        while not self._synced and not self._closed:
             if self._trouble is not None and not isinstance(self._trouble, UnavailableError):
                 raise self._trouble  # 403, 404 (no CRD), 400 (bad selector): not transient
             left = None if deadline is None else deadline - time.monotonic()
@@ -257,12 +286,10 @@ class Pool:
                                        "list of its leases within the timeout")
             self._changed.wait(timeout=left)
 
-    def _check_open(self) -> None:
-        if self._closed:
-            if self._trouble is not None and not isinstance(self._trouble, ApiError):
-                raise PoolClosedError(f"JobLease pool {self.selector!r}: its watch "
-                                      f"stopped: {self._trouble!r}") from self._trouble
-            raise PoolClosedError(f"JobLease pool {self.selector!r} is closed")
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise PoolClosedError(f"JobLease pool {self.selector!r}: its watch stopped: "
+                                  f"{self._dead!r}") from self._dead
 
     # -- claiming ---------------------------------------------------------------------------
 
@@ -299,7 +326,6 @@ class Pool:
         with self._changed:
             self._view.learn(outcome.observed)
             self.claims += 0 if failed else 1
-            self._bump()
         if failed:
             return None  # the claim found the last attempt used up and wrote Failed
         return lease(self._client, who, claim_id, outcome)

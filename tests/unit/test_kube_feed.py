@@ -1,0 +1,194 @@
+"""LeaseFeed's list+watch loop against a scripted API: resume, re-list on 410, filtering.
+
+The real server's 410 (an ERROR event after a 200) is checked in tests/cluster/test_pool.py;
+here every path is driven deterministically, including the HTTP-410 answer to opening a
+watch, which the local API server (with its watch cache) does not give.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from joblease.domain.lease import Observed
+from joblease.domain.pool import PoolView
+from joblease.kube.api import ForbiddenError, GoneError, InvalidError, WatchStream
+from joblease.kube.leases import LeaseStore
+from joblease.kube.pool import UNFINISHED, LeaseFeed
+
+
+def obj(name: str, rv: int, phase: str = "Available") -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "resourceVersion": str(rv)},
+            "spec": {}, "status": {"phase": phase, "generation": 0}}
+
+
+@dataclass
+class Body:
+    body: dict[str, Any]
+
+
+class Chunks:
+    """A urllib3 response's ``stream()``: one chunk per event, then maybe a broken connection."""
+
+    def __init__(self, events: list[dict[str, Any] | Exception]) -> None:
+        self.events = events
+
+    def stream(self, amt: int) -> Iterator[bytes]:
+        for event in self.events:
+            if isinstance(event, Exception):
+                raise event
+            yield json.dumps(event).encode() + b"\n"
+
+    def release_conn(self) -> None:
+        pass
+
+
+@dataclass
+class Raw:
+    response: Chunks
+
+
+def stream(events: list[dict[str, Any] | Exception]) -> WatchStream:
+    """The real WatchStream (its parsing, its ERROR handling) over scripted chunks."""
+    return WatchStream(Raw(Chunks(events)), "/jobleases", (OSError,))
+
+
+@dataclass
+class ScriptedApi:
+    """Answers lists and watches from scripts; records every query it was sent."""
+
+    lists: list[dict[str, Any] | Exception]
+    watches: list[list[dict[str, Any] | Exception] | Exception]
+    feed: LeaseFeed | None = None
+    sent: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+
+    def request(self, method: str, path: str, *, query: dict[str, str], timeout: float = 0
+                ) -> Body:
+        self.sent.append(("list", dict(query)))
+        answer = self.lists.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return Body(answer)
+
+    def watch(self, path: str, query: dict[str, str], *, timeout: float) -> WatchStream:
+        self.sent.append(("watch", dict(query)))
+        if not self.watches:
+            assert self.feed is not None
+            self.feed.stop()  # the script is over
+            return stream([])
+        answer = self.watches.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return stream(answer)
+
+
+class Recorder(PoolView):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[str] = []
+        self.troubles: list[Exception] = []
+
+    def replace(self, items: Any, resource_version: str) -> None:
+        items = list(items)
+        self.calls.append(f"replace {[o.name for o in items]} @{resource_version}")
+        super().replace(items, resource_version)
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        self.calls.append(f"{event_type} {obs.name} @{obs.resource_version}")
+        super().apply(event_type, obs)
+
+    def trouble(self, error: Exception) -> None:
+        self.troubles.append(error)
+
+
+def listing(rv: int, *names: str, token: str = "") -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": str(rv), "continue": token},
+            "items": [obj(n, rv - 1) for n in names]}
+
+
+def run(api: ScriptedApi, **kwargs: Any) -> tuple[LeaseFeed, Recorder]:
+    feed = LeaseFeed(LeaseStore(api), "ns", "pool=a", watch_seconds=7, **kwargs)  # type: ignore[arg-type]
+    api.feed = feed
+    sink = Recorder()
+    feed.run(sink)
+    return feed, sink
+
+
+def gone_event() -> dict[str, Any]:
+    return {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                        "message": "too old resource version: 11 (40)"}}
+
+
+def test_watch_resumes_from_the_last_version_and_relists_only_after_410(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ScriptedApi(
+        lists=[listing(10, "a", "b"), listing(40, "b", "c")],
+        watches=[
+            [{"type": "MODIFIED", "object": obj("a", 11)},
+             {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "15"}}}],
+            [{"type": "DELETED", "object": obj("a", 16)}],  # resumed from 15: no re-list
+            [gone_event()],  # resumed from 16: the server no longer keeps it
+            [{"type": "ADDED", "object": obj("d", 41)}],
+        ])
+    feed, sink = run(api)
+    assert sink.calls == ["replace ['a', 'b'] @10", "MODIFIED a @11", "DELETED a @16",
+                          "replace ['b', 'c'] @40", "ADDED d @41"]
+    watched_from = [q["resourceVersion"] for kind, q in api.sent if kind == "watch"]
+    assert watched_from == ["10", "15", "16", "40", "41"]
+    assert (feed.counts.lists, feed.counts.gone) == (2, 1)
+    assert sink.troubles == []  # a 410 is routine: no trouble for a waiting claimer
+    assert sorted(o.name for o in (sink.get(n) for n in "abcd") if o) == ["b", "c", "d"]
+    first = api.sent[0][1]
+    assert first["labelSelector"] == "pool=a" and first["fieldSelector"] == UNFINISHED
+    watch = api.sent[1][1]
+    assert watch["allowWatchBookmarks"] == "true" and watch["timeoutSeconds"] == "7"
+
+
+def test_an_http_410_on_opening_the_watch_relists_too() -> None:
+    api = ScriptedApi(lists=[listing(10, "a"), listing(50, "z")],
+                      watches=[GoneError(410, "Gone", "too old"), []])
+    feed, sink = run(api)
+    assert sink.calls == ["replace ['a'] @10", "replace ['z'] @50"]
+    assert feed.counts.gone == 1
+
+
+def test_a_broken_stream_resumes_after_a_pause_without_relisting(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    api = ScriptedApi(lists=[listing(10, "a")],
+                      watches=[[{"type": "MODIFIED", "object": obj("a", 12)},
+                                ConnectionResetError("connection reset")],
+                               [{"type": "MODIFIED", "object": obj("a", 13)}]])
+    feed, sink = run(api)
+    assert sink.calls == ["replace ['a'] @10", "MODIFIED a @12", "MODIFIED a @13"]
+    assert [q["resourceVersion"] for k, q in api.sent if k == "watch"] == ["10", "12", "13"]
+    assert (feed.counts.lists, feed.counts.failures) == (1, 1)
+
+
+def test_pages_are_stitched_and_the_list_keeps_retrying_a_refusal() -> None:
+    api = ScriptedApi(lists=[ForbiddenError(403, "Forbidden", "cannot list"),
+                             listing(10, "a", token="next"), listing(10, "b")],
+                      watches=[])
+    feed, sink = run(api)
+    assert sink.calls == ["replace ['a', 'b'] @10"] and feed.counts.failures == 1
+    assert api.sent[2][1]["continue"] == "next"
+    assert isinstance(sink.troubles[0], ForbiddenError)
+
+
+def test_without_selectable_fields_finished_leases_are_filtered_on_this_side() -> None:
+    refused = InvalidError(400, "BadRequest",
+                           'field label not supported: status.phase')
+    done = obj("done", 9, phase="Completed")
+    api = ScriptedApi(lists=[refused, {"metadata": {"resourceVersion": "10"},
+                                       "items": [obj("a", 9), done]}],
+                      watches=[[{"type": "ADDED", "object": obj("b", 11)},
+                                {"type": "MODIFIED", "object": obj("a", 12, "Failed")}]])
+    feed, sink = run(api)
+    assert feed.field_selector is None and "fieldSelector" not in api.sent[1][1]
+    assert sink.troubles == []
+    assert sink.calls == ["replace ['a'] @10", "ADDED b @11", "DELETED a @12"]
+    assert sink.get("a") is None and sink.unfinished() == 1
