@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 LC        := $(BIN)/joblease-localcluster
 LINTED    := operator localcluster tests e2e bench
 
-.PHONY: setup binaries control-plane demo test unit lint bench soak clean-cache help sync-crds sim mutate \
+.PHONY: setup binaries control-plane demo test unit lint bench soak pool-chaos clean-cache help sync-crds sim mutate \
         os-packages-demo os-packages-test
 
 help:
@@ -60,6 +60,9 @@ lint: setup
 
 soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 	$(BIN)/python -m tests.faults.soak --runs $${SOAK_RUNS:-200}
+
+pool-chaos: binaries ## work-pool chaos: 200 jobs, 8 killed/paused `joblease work` processes (JOBLEASE_POOL_SEED replays)
+	$(BIN)/python -m tests.faults.pool_chaos --jobs $${POOL_JOBS:-200}
 
 bench: control-plane ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'

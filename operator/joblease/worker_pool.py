@@ -51,12 +51,16 @@ MAX_UNAVAILABLE_PAUSE = 5.0
 class ClaimSource(Protocol):
     """What a pool worker needs from ``LeaseClient.pool(selector)``."""
 
-    def claim_next(self, holder: str | None = None, *,
-                   timeout: float | None = None) -> Lease | None:
+    def claim_next(self, holder: str | None = None, *, timeout: float | None = None,
+                   until_empty: bool = False) -> Lease | None:
         """Claim the pool's next job, waiting up to ``timeout``; ``None`` if none came."""
 
-    def unfinished(self) -> int:
-        """How many JobLeases of the selector are not Completed or Failed."""
+    def unfinished(self, timeout: float = ...) -> int:
+        """How many JobLeases of the selector are not Completed or Failed.
+
+        Raises:
+            UnavailableError: the pool has not listed its leases within ``timeout``.
+        """
 
 
 @dataclass
@@ -195,7 +199,18 @@ class WorkPool:
         with self.tally.lock:
             if self.tally.busy or self._claim_rounds < self.options.concurrency:
                 return False
-        return self.pool.unfinished() == 0
+        return self._remaining() == 0
+
+    def _remaining(self) -> int | None:
+        """Unfinished jobs in the selector; ``None`` while the pool cannot tell (no list yet).
+
+        Never raises: the main loop must keep supervising the slots whatever the API server
+        does (their claims report and retry its failures).
+        """
+        try:
+            return self.pool.unfinished(timeout=0.0)
+        except ApiError:
+            return None
 
     def _exit_code(self) -> int:
         if self._fatal is not None:
@@ -219,7 +234,9 @@ class WorkPool:
         with t.lock:
             counts = (f"done={t.done} failed={t.failed} lost={t.lost} released={t.released}",
                       f"busy={t.busy}/{self.options.concurrency}")
-        self._say(f"{counts[0]} remaining={self.pool.unfinished()} {counts[1]}")
+        remaining = self._remaining()
+        self._say(f"{counts[0]} remaining={'?' if remaining is None else remaining} "
+                  f"{counts[1]}")
 
     def _say(self, text: str) -> None:
         print(f"joblease work: {text}", file=self.out, flush=True)
@@ -233,7 +250,8 @@ class WorkPool:
             while not self.draining.is_set():
                 try:
                     lease = self.pool.claim_next(self.options.holder,
-                                                 timeout=self.options.poll)
+                                                 timeout=self.options.poll,
+                                                 until_empty=self.options.until_empty)
                 except UnavailableError as err:
                     unavailable += 1
                     self._pause_after(err, unavailable)
@@ -243,6 +261,8 @@ class WorkPool:
                     self._claim_rounds += 1
                 if lease is not None:
                     self._run(lease)
+                elif self.options.until_empty:
+                    self.draining.wait(0.1)  # an empty pool answers at once: do not spin
         except ApiError as err:
             self._give_up(err)
         except BaseException as err:  # a slot never dies silently: the worker drains

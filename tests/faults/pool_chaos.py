@@ -35,11 +35,15 @@ from typing import Any
 
 import psycopg
 
-from support.paths import REPO
-from support.waiting import retry, wait_for
+_TESTS_DIR = str(Path(__file__).resolve().parents[1])
+if _TESTS_DIR not in sys.path:  # `python -m tests.faults.pool_chaos` (make pool-chaos)
+    sys.path.insert(0, _TESTS_DIR)
 
-from .harness import FaultEnv, RunReport, judge
-from .history import Op, load
+from support.paths import REPO  # noqa: E402
+from support.waiting import retry, wait_for  # noqa: E402
+
+from .harness import FaultEnv, RunReport, judge  # noqa: E402
+from .history import Op, load  # noqa: E402
 
 PRIORITIES = (0, 5, 10)
 
@@ -58,6 +62,13 @@ class ChaosPlan:
     pace: tuple[float, float] = (0.6, 1.6)  # seconds between two chaos actions
     work: float = 0.4  # mean seconds between a command's two writes
     timeout: float = 240.0  # the whole batch must be drained by then
+
+
+BIG = ChaosPlan(jobs=200, workers=8, concurrency=2, duration=6, chaos_seconds=60,
+                timeout=300)
+"""The issue's run (``make pool-chaos``, the slow test). A 6 s lease: with 3 s, 16 slots and
+the API server on the same two loaded CPUs, renewals timed out and most jobs were lost at
+least once (692 takeovers for 200 jobs, measured) — the sizing advice of docs/pools.md."""
 
 
 @dataclass
@@ -151,8 +162,7 @@ class PoolWorkers:
 
     def busy(self, index: int) -> bool:
         """Whether the worker has a command running (a kill then orphans a job)."""
-        return any(_cmdline(pid).count("tests.faults.pool_job")
-                   for pid in descendants(self.procs[index].pid))
+        return any(_is_command(pid) for pid in descendants(self.procs[index].pid))
 
     def tree(self, index: int) -> list[int]:
         """The worker and every process below it (commands, sentinels)."""
@@ -205,6 +215,11 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
+def _is_command(pid: int) -> bool:
+    """Whether ``pid`` is a job's command (the worker's own argv names it too: not that)."""
+    return _cmdline(pid).split(" ")[1:3] == ["-m", "tests.faults.pool_job"]
+
+
 def _cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
@@ -221,20 +236,31 @@ class Chaos:
     kills: int = 0
     pauses: int = 0
     tree_pauses: int = 0
-    paused: list[tuple[float, list[int]]] = field(default_factory=list)  # (resume at, pids)
+    log: list[str] = field(default_factory=list)  # what was done when (run_dir/chaos.log)
+    # (resume at, pids resumed first: the commands, pids resumed 0.3 s later)
+    paused: list[tuple[float, list[int], list[int]]] = field(default_factory=list)
 
     def resume_due(self, now: float) -> None:
+        """SIGCONT what is due: the commands first, so that a stale one gets to write.
+
+        Why the head start: resumed together, the command's sentinel (past its deadline)
+        usually kills it before its next write; the fence would never be tested.
+        """
         due = [p for p in self.paused if p[0] <= now]
         self.paused = [p for p in self.paused if p[0] > now]
-        for _, pids in due:
-            _cont(pids)
+        for _, first, rest in due:
+            self.log.append(f"{time.monotonic_ns()} SIGCONT first={first} rest={rest}")
+            _cont(first)
+            if first:
+                time.sleep(0.3)
+            _cont(rest)
 
     def resume_all(self) -> None:
         self.resume_due(float("inf"))
 
 
 def _cont(pids: list[int]) -> None:
-    for pid in reversed(pids):  # commands first, the worker last
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
 
@@ -254,28 +280,49 @@ def chaos_loop(workers: PoolWorkers, rng: random.Random, plan: ChaosPlan,
         next_action = now + rng.uniform(*plan.pace)
         if unfinished() <= max(2, plan.jobs // 10):
             break
-        paused_pids = {pid for _, pids in chaos.paused for pid in pids}
+        paused_pids = {pid for _, first, rest in chaos.paused for pid in first + rest}
         candidates = [i for i in workers.live() if workers.procs[i].pid not in paused_pids]
         if not candidates:
             continue
         index = rng.choice(candidates)
         if rng.random() < 0.4:
             if workers.busy(index):
+                chaos.log.append(f"{time.monotonic_ns()} SIGKILL {workers.names[index]} "
+                                 f"pid={workers.procs[index].pid}")
                 workers.kill(index)
                 chaos.kills += 1
                 time.sleep(rng.uniform(0.0, 0.5))
                 workers.start(index)
         else:
-            whole = rng.random() < 0.5
-            pids = workers.tree(index) if whole else [workers.procs[index].pid]
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGSTOP)
+            chaos.paused.append(_pause(workers, index, rng, plan, now))
+            chaos.log.append(f"{time.monotonic_ns()} SIGSTOP {workers.names[index]} "
+                             f"first={chaos.paused[-1][1]} rest={chaos.paused[-1][2]} "
+                             f"for {chaos.paused[-1][0] - now:.1f}s")
             chaos.pauses += 1
-            chaos.tree_pauses += int(whole)
-            chaos.paused.append((now + rng.uniform(0.3, 2.0 * plan.duration), pids))
+            chaos.tree_pauses += int(bool(chaos.paused[-1][1]))
     chaos.resume_all()
     return chaos
+
+
+def _pause(workers: PoolWorkers, index: int, rng: random.Random, plan: ChaosPlan,
+           now: float) -> tuple[float, list[int], list[int]]:
+    """SIGSTOP a worker alone (its commands run on), or with its commands and sentinels.
+
+    A paused tree stays stopped past the lease and its backoff most of the time, so the job
+    is taken over and the stale command's next write, once resumed, meets the fence.
+    """
+    pid = workers.procs[index].pid
+    if rng.random() < 0.5:
+        stopped, first = [pid], []
+        resume = now + rng.uniform(0.3, 2.0 * plan.duration)
+    else:
+        stopped = workers.tree(index)
+        first = [p for p in stopped[1:] if _is_command(p)]
+        resume = now + rng.uniform(2.0 * plan.duration, 3.0 * plan.duration)
+    for p in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)
+    return resume, first, [p for p in stopped if p not in first]
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -333,6 +380,7 @@ def run_pool_chaos(env: FaultEnv, seed: int, plan: ChaosPlan) -> PoolReport:
         workers.cleanup()
         client.close()
     seconds = time.monotonic() - began
+    (run_dir / "chaos.log").write_text("".join(f"{line}\n" for line in chaos.log))
     report = judge(env, "pool-chaos", seed, run_dir, faults=chaos.kills + chaos.pauses)
     final = _final_states(env, run)
     ops = load(run_dir / "history")
@@ -521,3 +569,59 @@ def _check_priority(ops: list[Op], jobs: list[JobSpec]) -> list[str]:
             out.append(f"{low} (priority {priority[low]}) first claimed before "
                        f"{(later + never)[:3]} of a higher priority")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tests.faults.pool_chaos [--seed S] [--jobs N] …``: one run on its own cluster.
+
+    What ``make pool-chaos`` runs (the 200-job, 8-worker run by default). Prints the run's
+    line and every broken promise; exit 1 if anything was found.
+    """
+    import argparse
+    import secrets
+    import tempfile
+
+    from joblease_localcluster.cluster import LocalCluster
+    from support.postgres import PostgresServer
+
+    from .harness import Operator, install_crd, install_target
+
+    p = argparse.ArgumentParser(prog="pool-chaos")
+    p.add_argument("--seed", type=int, default=int(os.environ.get("JOBLEASE_POOL_SEED", "0"))
+                   or secrets.randbelow(1 << 30))
+    p.add_argument("--jobs", type=int, default=200)
+    p.add_argument("--workers", type=int, default=8)
+    p.add_argument("--concurrency", type=int, default=2)
+    p.add_argument("--chaos-seconds", type=float, default=60.0)
+    args = p.parse_args(argv)
+    plan = ChaosPlan(jobs=args.jobs, workers=args.workers, concurrency=args.concurrency,
+                     duration=BIG.duration, chaos_seconds=args.chaos_seconds,
+                     timeout=max(BIG.timeout, args.jobs * 1.5))
+    print(f"pool-chaos seed={args.seed}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="joblease-pool-chaos-") as tmp, \
+            LocalCluster() as cluster:
+        install_crd(cluster)
+        pg = PostgresServer().start()
+        operator = Operator(cluster.kubeconfig, Path(tmp) / "operator.log")
+        try:
+            dsn = pg.create_database("poolchaos")
+            install_target(dsn)
+            operator.start()
+            cluster.kubectl("create", "namespace", "pool-chaos")
+            env = FaultEnv(cluster, "pool-chaos", dsn, operator, Path(tmp))
+            result = run_pool_chaos(env, args.seed, plan)
+        finally:
+            operator.stop()
+            pg.stop()
+    print(result.line(), flush=True)
+    broken = {k: v for k, v in result.findings.items() if v}
+    for kind, lines in broken.items():
+        for line in lines[:20]:
+            print(f"  {kind}: {line}", flush=True)
+    for v in result.report.ours[:20]:
+        print(f"  violation: {v}", flush=True)
+    return 1 if broken or result.report.ours or result.report.porcupine.result != "ok" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

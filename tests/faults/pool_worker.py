@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.faults.pool_worker HISTORY_DIR PROCESS -- <joblease work arguments>``.
 It is the real CLI (``joblease.cli.main``) in a real process; the only addition is a
-recording wrapper around the SDK's four lease operations (``LeaseClient.claim``,
+recording wrapper around the SDK's four lease operations (``LeaseClient._claim_outcome``,
 ``Lease.renew``, ``Lease.complete``, ``Lease.release``), installed on the classes before the
 CLI starts, so whatever calls them — the pool's ``claim_next``, the runner's ``Holding``, the
 drain — lands in ``HISTORY_DIR/PROCESS.jsonl`` in the format of ``docs/history-format.md``.
@@ -11,7 +11,9 @@ Two outcomes are recorded as what they are rather than as the exception they arr
 
 * ``Lease.release`` raising ``LeaseFinishedError`` means the release *happened* and used the
   last of ``maxAttempts``: recorded ``ok`` with ``phase: Failed``;
-* ``LeaseClient.claim`` raising ``LeaseNotReadyError`` (the backoff has not ended) is a
+* a claim whose decision found the last attempt used up wrote Failed: recorded as a
+  refusal with reason ``finished`` (which is how ``LeaseClient.claim`` reports it);
+* a claim raising ``LeaseNotReadyError`` (the backoff has not ended) is a
   refusal with reason ``not-ready``.
 """
 
@@ -24,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from joblease.domain.errors import LeaseFinishedError, LeaseNotReadyError
+from joblease.kube.api import ConflictError
+from joblease.kube.transact import Outcome
 from joblease.sdk.client import Lease, LeaseClient
 
 from .history import OK, REFUSED, Recorder
@@ -38,9 +42,13 @@ def _bounds_of(client: LeaseClient) -> Callable[[], tuple[float, float]]:
 
 
 def install(rec: Recorder) -> None:
-    """Wrap the SDK's lease operations so that each is recorded in ``rec``."""
+    """Wrap the SDK's lease operations so that each is recorded in ``rec``.
+
+    Claims are recorded at ``LeaseClient._claim_outcome``, the one step that both
+    ``LeaseClient.claim`` and the pool's ``claim_next`` go through.
+    """
     original_init = LeaseClient.__init__
-    original_claim = LeaseClient.claim
+    original_claim = LeaseClient._claim_outcome
 
     @functools.wraps(original_init)
     def init(self: LeaseClient, *args: Any, **kwargs: Any) -> None:
@@ -49,24 +57,32 @@ def install(rec: Recorder) -> None:
             rec.server_now = _bounds_of(self)
 
     @functools.wraps(original_claim)
-    def claim(self: LeaseClient, name: str, holder: str | None = None,
-              **kwargs: Any) -> Lease:
-        who = self.resolve_holder(holder)
+    def claim_outcome(self: LeaseClient, name: str, who: str, claim_id: str,
+                      **kwargs: Any) -> Outcome:
         op = rec.invoke("claim", name, holder=who)
         try:
-            lease = original_claim(self, name, who, **kwargs)
+            outcome = original_claim(self, name, who, claim_id, **kwargs)
         except LeaseNotReadyError as err:
             rec.complete(op, REFUSED, reason="not-ready", error=type(err).__name__)
+            raise
+        except ConflictError as err:  # a 409: certainly not applied
+            rec.complete(op, REFUSED, reason="contention", error=type(err).__name__)
             raise
         except BaseException as err:
             _record_error(rec, op, err)
             raise
-        rec.complete(op, OK, generation=lease.generation, epoch=lease.token.epoch,
-                     lease_until=ms(lease.lease_until), holder=lease.holder)
-        return lease
+        st = outcome.observed.status
+        if outcome.transition is not None and outcome.transition.kind == "failed":
+            # the expired holder's attempt was the last: this claim wrote Failed
+            rec.complete(op, REFUSED, reason="finished", error="LeaseFinishedError",
+                         message=outcome.transition.message[:300])
+        else:
+            rec.complete(op, OK, generation=st.generation, epoch=st.epoch,
+                         lease_until=ms(st.lease_until), holder=st.holder)
+        return outcome
 
     LeaseClient.__init__ = init  # type: ignore[method-assign]
-    LeaseClient.claim = claim  # type: ignore[method-assign]
+    LeaseClient._claim_outcome = claim_outcome  # type: ignore[method-assign]
     for verb in ("renew", "complete", "release"):
         setattr(Lease, verb, _recorded(rec, verb, getattr(Lease, verb)))
 
