@@ -35,6 +35,7 @@ Every child process is stopped by its PID when the section ends, also on failure
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import queue
@@ -403,9 +404,31 @@ def drain_figures(items: list[Observed], workers: int) -> dict[str, Any]:
     return {"completed": len(done), "server_seconds": last - first,
             "jobs_per_s": len(done) / (last - first) if last > first else math.nan,
             "steady": _steady(acquired, finished, holders),
+            "cycle": _cycle(acquired, finished, holders),
             "per_worker": {"max": max(counts), "min": min(counts),
                            "spread": max(counts) / min(counts) if min(counts) else math.inf,
                            "workers_used": len(per), "counts": dict(sorted(per.items()))}}
+
+
+def _cycle(acquired: dict[str, float], finished: dict[str, float],
+           holders: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Where a worker's time goes, from the protocol's own timestamps (server clock).
+
+    ``held``: a job's claim decision to its completion decision (the claim's write, the
+    command and its sentinel, the renewal thread's start and stop). ``between``: a
+    completion decision to the same worker's next claim decision (the completion's write,
+    then choosing and deciding the next claim).
+    """
+    jobs: dict[str, list[tuple[float, float]]] = {}
+    for name, holder in holders.items():
+        jobs.setdefault(holder, []).append((acquired[name], finished[name]))
+    held: list[float] = []
+    between: list[float] = []
+    for spans in jobs.values():
+        spans.sort()
+        held += [end - start for start, end in spans]
+        between += [nxt[0] - cur[1] for cur, nxt in itertools.pairwise(spans)]
+    return {"held_s": summary(held), "between_s": summary(between)}
 
 
 def _steady(acquired: dict[str, float], finished: dict[str, float],

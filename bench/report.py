@@ -174,6 +174,11 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
         ("pool: jobs per worker, max / min", f"{per['max']} / {per['min']}",
          f"{per['workers_used']} of {workers} workers completed jobs", f"{per['spread']:.2f}",
          f"≤ {t['spread']}", _ok(met["spread"])),
+        ("pool: a worker's cycle (server clock), claim → completion / completion → next "
+         "claim, p50 ms", f"{_ms(d['cycle']['held_s']['p50'])} / "
+         f"{_ms(d['cycle']['between_s']['p50'])}",
+         f"p99 {_ms(d['cycle']['held_s']['p99'])} / {_ms(d['cycle']['between_s']['p99'])}",
+         "", "info", "n/a"),
         ("pool: workers' CPU per job (their commands and sentinels included), ms",
          f"{d['worker_cpu_s_per_job'] * 1000:.1f}",
          f"PostgreSQL workers {pg.get('worker_cpu_s_per_job', math.nan) * 1000:.1f}; one "
