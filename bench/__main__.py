@@ -108,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"load average at end: {results['load_end']}")
     from bench import report
 
+    # the measurements first: a long run's results survive a bug in the report below
+    common.write_json(args.out / "results.json", results)
     table = report.table(results)
     print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    common.write_json(args.out / "results.json", results)
     (args.out / "latest.md").write_text(table + "\n")
     plot = report.plot(results, args.out / "plot.png")
     progress(f"wrote {args.out / 'results.json'}, {args.out / 'latest.md'}"
