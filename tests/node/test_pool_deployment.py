@@ -4,8 +4,9 @@
 (ServiceAccount, least-privilege Role, RoleBinding, Deployment), with only what this node
 needs changed, as ``test_seed_pods.py`` does for its pods: the working tree instead of the
 published image (the base image with the interpreter, the ``.venv`` and the repository
-mounted read-only, ``python -m joblease.cli`` for the ``joblease`` entry point), host
-network and the API server at ``127.0.0.1`` (no kube-proxy, no pod network here). The
+mounted read-only, ``python -m joblease.cli`` for the ``joblease`` entry point, run as
+root because that interpreter lives under ``/root``), host network and the API server at
+``127.0.0.1`` (no kube-proxy, no pod network here). The
 ServiceAccount token is the kubelet's, so the Role in the example is what the workers
 really run under; the operator runs on the host. The test waits until every job of the
 batch is Completed, checks who completed them (the ServiceAccount's username, through
@@ -56,6 +57,12 @@ def _for_this_node(deployment: dict[str, Any], api_port: int) -> dict[str, Any]:
     pod["volumes"] = [{"name": f"host{i}", "hostPath": {"path": str(p), "type": "Directory"}}
                       for i, p in enumerate(mounts)]
     pod["hostNetwork"] = True
+    # The interpreter mounted from this host lives under /root, which the base image keeps
+    # at 0700: uid 65532 cannot reach it (runc: "permission denied"). The published image
+    # has its own interpreter and runs as 65532; here the pod runs as root, like the other
+    # tests' pods on this node.
+    for key in ("runAsNonRoot", "runAsUser"):
+        pod["securityContext"].pop(key)
     return deployment
 
 
@@ -84,8 +91,11 @@ def test_deployment_of_pool_workers_drains_the_batch(node_cluster: NodeCluster, 
             done = [i for i in items if (i.get("status") or {}).get("phase") == "Completed"]
             return items if len(done) == len(batch) else None
 
-        items = wait_for(drained, DRAIN_TIMEOUT, "every job of the batch to be Completed",
-                         poll=0.5)
+        try:
+            items = wait_for(drained, DRAIN_TIMEOUT, "every job of the batch to be Completed",
+                             poll=0.5)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n{_diagnose(nc, ns)}") from None
         seconds = time.monotonic() - began
         holders = {i["status"]["completion"]["holder"] for i in items}
         assert holders == {f"system:serviceaccount:{ns}:batch-worker"}, holders
@@ -98,3 +108,13 @@ def test_deployment_of_pool_workers_drains_the_batch(node_cluster: NodeCluster, 
     finally:
         nc.kubectl("delete", "deployment", "batch-worker", "-n", ns, "--wait=false")
         operator.stop()
+
+
+def _diagnose(nc: NodeCluster, ns: str) -> str:
+    """What the pods and the batch look like (for a failure message)."""
+    parts = [nc.kubectl("get", "pods,rs,deploy,jl", "-n", ns, "-o", "wide").stdout,
+             nc.kubectl("describe", "pods", "-n", ns).stdout[-4000:],
+             nc.kubectl("logs", "-n", ns, "-l", "app=batch-worker", "--tail=40",
+                        "--prefix").stdout[-4000:],
+             nc.kubectl("get", "events", "-n", ns).stdout[-3000:]]
+    return "\n".join(parts)
