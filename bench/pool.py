@@ -336,7 +336,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
 
     argvs = [work_argv(kubeconfig, namespace, selector, f"pool-w{i:02d}", NOOP,
                        until_empty=True) for i in range(workers)]
-    cpu = _children_cpu()
+    cpu, began = _children_cpu(), time.time()
     with Processes(argvs, logs, "drain") as pool:
         codes = pool.wait(120 + jobs * 0.2, tick)
         failure = pool.failure_log()
@@ -348,6 +348,10 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     figures = drain_figures(items, workers)
     wasted = _status_writes(after, before, "409")
     figures.update({
+        # the wall time outside the server-clock window (one clock: one machine): the
+        # workers' start-up (list, calibration) and their exit (--until-empty's checks)
+        "before_first_claim_s": figures.get("first_claim", math.nan) - began,
+        "after_last_completion_s": began + wall - figures.get("last_completion", math.nan),
         "jobs": jobs, "workers": workers, "exit_codes": codes, "wall_seconds": wall,
         "worker_cpu_s_per_job": cpu / jobs,
         "wasted_writes": wasted, "wasted_per_job": wasted / jobs,
@@ -401,7 +405,8 @@ def drain_figures(items: list[Observed], workers: int) -> dict[str, Any]:
     first, last = min(acquired.values()), max(finished.values())
     per = Counter(holders.values())
     counts = [per.get(h, 0) for h in per] + [0] * max(0, workers - len(per))
-    return {"completed": len(done), "server_seconds": last - first,
+    return {"completed": len(done), "server_seconds": last - first, "first_claim": first,
+            "last_completion": last,
             "jobs_per_s": len(done) / (last - first) if last > first else math.nan,
             "steady": _steady(acquired, finished, holders),
             "cycle": _cycle(acquired, finished, holders),

@@ -159,7 +159,10 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
     created, expiry = lat["created"], lat["after_expiry"]["s_after_lease_until"]
     rows = [
         (f"pool: drain {jobs} jobs with {workers} `joblease work` processes (command `true`)",
-         f"{_rate(d['jobs_per_s'])} jobs/s (wall {d['wall_seconds']:.1f} s)",
+         f"{_rate(d['jobs_per_s'])} jobs/s (wall {d['wall_seconds']:.1f} s: "
+         f"{d.get('before_first_claim_s', math.nan):.1f} s to the first claim, "
+         f"{d.get('after_last_completion_s', math.nan):.1f} s from the last completion to the "
+         "last exit)",
          f"floor {floor:.1f} writes/s from {workers} processes (= {floor / 2:.1f} jobs/s at "
          f"2 writes/job; before {pool['floor_before']['writes_per_s']:.0f}, after "
          f"{pool['floor_after']['writes_per_s']:.0f})",
