@@ -25,7 +25,7 @@ from bench.common import RESULTS, create_namespace, loadavg, progress
 from joblease.kube.api import KubeApi
 from joblease_localcluster.cluster import LocalCluster
 
-SECTIONS = ("latency", "contention", "throughput", "handover", "scale", "cli")
+SECTIONS = ("latency", "contention", "throughput", "handover", "scale", "cli", "pool")
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,15 @@ class Sizes:
     scale_duration: int
     reconcile_timeout: float
     cli_rounds: int = 21
+    pool_jobs: int = 10_000
+    pool_workers: int = 20
+    pool_latency_jobs: int = 300
+    pool_latency_rate: float = 20.0  # jobs/s: well below the pool's capacity
 
 
 FULL = Sizes(500, 50, 5, 1000, 20, (5, 15), 4, 10, 10_000, 200, 5, 500, 5, 900.0)
-QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0, cli_rounds=3)
+QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0, cli_rounds=3,
+              pool_jobs=200, pool_workers=4, pool_latency_jobs=20, pool_latency_rate=10.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,10 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"load average at end: {results['load_end']}")
     from bench import report
 
+    # the measurements first: a long run's results survive a bug in the report below
+    common.write_json(args.out / "results.json", results)
     table = report.table(results)
     print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    common.write_json(args.out / "results.json", results)
     (args.out / "latest.md").write_text(table + "\n")
     plot = report.plot(results, args.out / "plot.png")
     progress(f"wrote {args.out / 'results.json'}, {args.out / 'latest.md'}"
@@ -143,6 +148,11 @@ def _run(section: str, cluster: LocalCluster, kubeconfig: str, namespace: str, s
         from bench import cli
 
         return cli.run(kubeconfig, namespace, sizes.cli_rounds)
+    if section == "pool":
+        from bench import pool
+
+        return pool.run(cluster, kubeconfig, namespace, sizes.pool_jobs, sizes.pool_workers,
+                        sizes.pool_latency_jobs, sizes.pool_latency_rate, work)
     from bench import scale
 
     return scale.run(cluster, kubeconfig, namespace, sizes.scale_leases,

@@ -10,12 +10,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from tests.support.paths import CRD, REPO
 
-from joblease.kube.api import KubeApi
+from joblease.domain.lease import LeaseStatus, Observed, Phase
+from joblease.kube.api import MERGE_PATCH, KubeApi
 from joblease.kube.leases import LeaseStore, lease_path
 
 __all__ = ["CRD", "REPO"]  # re-exported: the bench's modules take them from here
@@ -69,26 +71,54 @@ def create_leases(api: KubeApi, namespace: str, names: list[str], duration: int)
         store.create(namespace, name, {"leaseDurationSeconds": duration})
 
 
+def floor_write(api: KubeApi, namespace: str, obs: Observed, holder: str) -> Observed:
+    """One write of the floor: a bare conditional merge patch of a Held-shaped status.
+
+    It carries the cached ``resourceVersion`` (a compare-and-swap, as every protocol write
+    is) and raises the generation by one, so the CRD's rules accept it, but reads nothing and
+    decides nothing: the cheapest write the protocol could possibly make. Returns the new
+    version, the next call's cache.
+    """
+    now = api.server_now().midpoint
+    # a claimed status needs an epoch (CRD rule); the first write sets it
+    epoch = obs.status.epoch if obs.status.epoch is not None else int(obs.resource_version)
+    status = LeaseStatus(phase=Phase.HELD, holder=holder, generation=obs.status.generation + 1,
+                         epoch=epoch, acquire_time=now, renew_time=now,
+                         lease_until=now + timedelta(seconds=30))
+    patch = {"metadata": {"resourceVersion": obs.resource_version}, "status": status.to_dict()}
+    return Observed.from_object(api.request("PATCH", lease_path(namespace, obs.name, "status"),
+                                            patch, content_type=MERGE_PATCH).body)
+
+
+def apiserver_metric(cluster: Any, name: str) -> list[tuple[dict[str, str], float]]:
+    """Every sample of one metric family in kube-apiserver's ``/metrics``: (labels, value)."""
+    context = ssl.create_default_context(cafile=str(cluster.ca_file))
+    req = urllib.request.Request(f"{cluster.server}/metrics",
+                                 headers={"Authorization": f"Bearer {cluster.token_for('admin')}"})
+    with urllib.request.urlopen(req, context=context, timeout=30) as reply:
+        text = reply.read().decode()
+    prefix = name + "{"
+    samples: list[tuple[dict[str, str], float]] = []
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        labels_text, _, value = line[len(prefix):].rpartition("} ")
+        labels = dict(part.split("=", 1) for part in _split_labels(labels_text))
+        samples.append((labels, float(value)))
+    return samples
+
+
 def apiserver_requests(cluster: Any) -> dict[tuple[str, str, str, str], float]:
     """kube-apiserver's `apiserver_request_total`, summed by (verb, resource, subresource, code).
 
     The metric has no user-agent or user label, so callers attribute writes by
     subtracting the requests they sent themselves (they know exactly how many).
     """
-    context = ssl.create_default_context(cafile=str(cluster.ca_file))
-    req = urllib.request.Request(f"{cluster.server}/metrics",
-                                 headers={"Authorization": f"Bearer {cluster.token_for('admin')}"})
-    with urllib.request.urlopen(req, context=context, timeout=30) as reply:
-        text = reply.read().decode()
     totals: dict[tuple[str, str, str, str], float] = {}
-    for line in text.splitlines():
-        if not line.startswith("apiserver_request_total{"):
-            continue
-        labels_text, _, value = line[len("apiserver_request_total{"):].rpartition("} ")
-        labels = dict(part.split("=", 1) for part in _split_labels(labels_text))
+    for labels, value in apiserver_metric(cluster, "apiserver_request_total"):
         key = (labels.get("verb", ""), labels.get("resource", ""),
                labels.get("subresource", ""), labels.get("code", ""))
-        totals[key] = totals.get(key, 0.0) + float(value)
+        totals[key] = totals.get(key, 0.0) + value
     return totals
 
 

@@ -130,6 +130,8 @@ def table(r: dict[str, Any]) -> str:
                          f"{wall['p50'] / floor['p50']:.1f}×",
                          f"≤ {target} s" if target else "info",
                          _ok(v.get("met")) if target else "n/a"))
+    if r.get("pool"):
+        rows += _pool_rows(r["pool"])
     head = ("| measurement | joblease | baseline (same run) | ratio | target | met |\n"
             "|---|---|---|---|---|---|")
     body = "\n".join("| " + " | ".join(row) + " |" for row in rows)
@@ -142,6 +144,66 @@ def table(r: dict[str, Any]) -> str:
     if r.get("failed"):
         note += f" **Sections that failed (see the log): {', '.join(r['failed'])}.**"
     return f"{head}\n{body}\n\n{note}"
+
+
+def _rate(x: float) -> str:
+    return "n/a" if x is None or math.isnan(x) else f"{x:.1f}"
+
+
+def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
+    """Rows of section "pool": the drain against the floor, fairness, latency, PostgreSQL."""
+    d, lat, pg, t, met = (pool["drain"], pool["latency"], pool["postgres"], pool["targets"],
+                          pool["met"])
+    jobs, workers, floor = pool["jobs"], pool["workers"], pool["floor_writes_per_s"]
+    steady, per, spawn = d["steady"], d["per_worker"], pool["spawn_cost"]
+    created, expiry = lat["created"], lat["after_expiry"]["s_after_lease_until"]
+    rows = [
+        (f"pool: drain {jobs} jobs with {workers} `joblease work` processes (command `true`)",
+         f"{_rate(d['jobs_per_s'])} jobs/s (wall {d['wall_seconds']:.1f} s: "
+         f"{d.get('before_first_claim_s', math.nan):.1f} s to the first claim, "
+         f"{d.get('after_last_completion_s', math.nan):.1f} s from the last completion to the "
+         "last exit)",
+         f"floor {floor:.1f} writes/s from {workers} processes (= {floor / 2:.1f} jobs/s at "
+         f"2 writes/job; before {pool['floor_before']['writes_per_s']:.0f}, after "
+         f"{pool['floor_after']['writes_per_s']:.0f})",
+         f"{pool['ratio']:.2f}", f"≥ {t['ratio']}", _ok(met["ratio"])),
+        ("pool: drain rate while all workers were busy",
+         f"{_rate(steady['jobs_per_s'])} jobs/s ({steady['jobs']} jobs in "
+         f"{steady['seconds']:.1f} s)", "same floor",
+         f"{steady['jobs_per_s'] / (floor / 2):.2f}", "info", "n/a"),
+        ("pool: wasted (409) writes per job", f"{d['wasted_per_job']:.3f}",
+         f"{d['status_writes_per_job']:.2f} status writes per job (kube-apiserver's count)",
+         "", f"≤ {t['wasted_per_job']}", _ok(met["wasted_per_job"])),
+        ("pool: jobs per worker, max / min", f"{per['max']} / {per['min']}",
+         f"{per['workers_used']} of {workers} workers completed jobs", f"{per['spread']:.2f}",
+         f"≤ {t['spread']}", _ok(met["spread"])),
+        ("pool: a worker's cycle (server clock), claim → completion / completion → next "
+         "claim, p50 ms", f"{_ms(d['cycle']['held_s']['p50'])} / "
+         f"{_ms(d['cycle']['between_s']['p50'])}",
+         f"p99 {_ms(d['cycle']['held_s']['p99'])} / {_ms(d['cycle']['between_s']['p99'])}",
+         "", "info", "n/a"),
+        ("pool: workers' CPU per job (their commands and sentinels included), ms",
+         f"{d['worker_cpu_s_per_job'] * 1000:.1f}",
+         f"PostgreSQL workers {pg.get('worker_cpu_s_per_job', math.nan) * 1000:.1f}; one "
+         f"start of `true` {spawn['command']['cpu_s'] * 1000:.1f}, of `python -c pass` "
+         f"{spawn['python']['cpu_s'] * 1000:.1f} (wall {spawn['python']['wall_s'] * 1000:.1f})",
+         "", "info", "n/a"),
+        (f"pool: job created → its command starts ({workers} idle workers, "
+         f"{lat['rate']:.0f} jobs/s), p50 / p99 s (n={created['n']})",
+         f"{_s3(created['p50'])} / {_s3(created['p99'])}",
+         f"{lat['wasted_per_job']:.2f} wasted writes per job", "",
+         f"p99 ≤ {t['latency_p99']} s", _ok(met["latency_p99"])),
+        (f"pool: holder gone, lease expired → a worker's command starts, s after leaseUntil, "
+         f"p50 / max (n={expiry['n']})", f"{_s(expiry['p50'])} / {_s(expiry['max'])}",
+         "the margin (0.25 s + clock error) is part of it", "", "info", "n/a")]
+    label = (f"PostgreSQL `FOR UPDATE SKIP LOCKED` queue: {jobs} jobs, {workers} processes, "
+             "same command")
+    if "jobs_per_s" not in pg:
+        return [*rows, (label, f"not measured: {pg.get('error', '?')}", "", "", "info", "n/a")]
+    return [*rows, (label, f"{pg['jobs_per_s']:.1f} jobs/s",
+                    f"joblease pool {_rate(d['jobs_per_s'])} jobs/s",
+                    f"{pool['versus_postgres']:.2f}× (joblease ÷ PostgreSQL)",
+                    "info: the price of being Kubernetes-native", "n/a")]
 
 
 def plot(r: dict[str, Any], path: Path) -> Path | None:

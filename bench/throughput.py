@@ -13,13 +13,12 @@ import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 from typing import Any
 
-from bench.common import progress
-from joblease.domain.lease import LeaseStatus, Observed, Phase
-from joblease.kube.api import MERGE_PATCH, KubeApi
-from joblease.kube.leases import LeaseStore, lease_path
+from bench.common import floor_write, progress
+from joblease.domain.lease import Observed
+from joblease.kube.api import KubeApi
+from joblease.kube.leases import LeaseStore
 from joblease.sdk.client import LeaseClient
 
 SEGMENTS = 4
@@ -81,19 +80,7 @@ def run(kubeconfig: str, namespace: str, jobs: int, workers: int) -> dict[str, A
             obs: Observed = floor_objs[i]
             api = apis[i]
             for _ in range(per[i]):
-                now = api.server_now().midpoint
-                # a claimed status needs an epoch (CRD rule); the first write sets it
-                epoch = (obs.status.epoch if obs.status.epoch is not None
-                         else int(obs.resource_version))
-                status = LeaseStatus(phase=Phase.HELD, holder=f"w{i}",
-                                     generation=obs.status.generation + 1, epoch=epoch,
-                                     acquire_time=now, renew_time=now,
-                                     lease_until=now + timedelta(seconds=30))
-                patch = {"metadata": {"resourceVersion": obs.resource_version},
-                         "status": status.to_dict()}
-                obs = Observed.from_object(api.request(
-                    "PATCH", lease_path(namespace, obs.name, "status"), patch,
-                    content_type=MERGE_PATCH).body)
+                obs = floor_write(api, namespace, obs, f"w{i}")
             floor_objs[i] = obs
 
         t0 = time.perf_counter()

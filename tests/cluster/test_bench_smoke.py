@@ -1,27 +1,40 @@
 """`python -m bench --quick` still runs end to end (its own control plane; about a minute).
 
 A smoke test, not a measurement: it proves every section, the table and the JSON still
-work, so the benchmark cannot rot silently. The numbers are in docs/benchmarks.md.
+work, so the benchmark cannot rot silently. The numbers are in docs/benchmarks.md. Section
+"pool" runs in a test of its own (it needs PostgreSQL too, and can be run alone).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from support.paths import REPO
 
+SECTIONS = ("latency", "contention", "throughput", "handover", "scale", "cli")
+
+
+def _quick(out: Path, sections: tuple[str, ...],
+           timeout: float) -> subprocess.CompletedProcess[str]:
+    only = [arg for section in sections for arg in ("--only", section)]
+    return subprocess.run([sys.executable, "-m", "bench", "--quick", *only, "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
 
 def test_bench_quick_runs(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=420)
+    proc = _quick(tmp_path, SECTIONS, timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "| measurement | joblease |" in proc.stdout
     assert "load average at start" in proc.stderr and "load average at end" in proc.stderr
     results = json.loads((tmp_path / "results.json").read_text())
-    for section in ("latency", "contention", "throughput", "handover", "scale", "cli"):
+    for section in SECTIONS:
         assert section in results, section
     assert results["latency"]["floor"]["n"] > 0
     assert results["contention"]["errors"] == 0
@@ -30,3 +43,26 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     assert results["cli"]["verbs"]["get"]["wall_s"]["n"] == 3
     assert "`joblease claim`" in proc.stdout
     assert (tmp_path / "latest.md").read_text().startswith("| measurement |")
+
+
+@pytest.mark.postgres
+def test_bench_quick_pool_runs(tmp_path: Path) -> None:
+    proc = _quick(tmp_path, ("pool",), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    pool: dict[str, Any] = json.loads((tmp_path / "results.json").read_text())["pool"]
+    drain, latency = pool["drain"], pool["latency"]
+    workers = [f"pool-w{i:02d}" for i in range(pool["workers"])]
+    # every job done once, by one of our workers, each of which exited cleanly
+    assert drain["completed"] == pool["jobs"] == sum(drain["per_worker"]["counts"].values())
+    assert set(drain["per_worker"]["counts"]) <= set(workers)
+    assert drain["exit_codes"] == [0] * pool["workers"]
+    assert drain["status_writes_per_job"] >= 2 and drain["wasted_per_job"] >= 0
+    assert 0 < pool["ratio"] < math.inf and pool["floor_writes_per_s"] > 0
+    # idle workers started every paced job, and drained on SIGTERM
+    assert latency["created"]["n"] == latency["jobs"] and latency["created"]["p99"] < 30
+    assert latency["exit_codes_after_sigterm"] == [0] * pool["workers"]
+    # an abandoned lease is taken only once leaseUntil + margin (0.25 s) has passed
+    expired = latency["after_expiry"]["samples"]
+    assert expired and min(expired) >= 0.2, expired
+    assert pool["postgres"].get("jobs_per_s", 0) > 0, pool["postgres"]
+    assert "| pool: drain" in proc.stdout and "`FOR UPDATE SKIP LOCKED`" in proc.stdout

@@ -1,0 +1,615 @@
+"""7. Work pool: drain J jobs with W ``joblease work`` processes (issue 17, item 6).
+
+Four measurements, each against a baseline from the same run:
+
+* **floor**: W processes (the pool's workers are processes too), each doing bare
+  conditional status writes on its own JobLease from its cached ``resourceVersion``
+  (``bench.pool_worker floor``), J writes in all before the drain and J after: 2 per job,
+  as a claim and a completion are. Started together after their set-up, so no interpreter
+  start-up is timed.
+* **drain**: J JobLeases labelled ``batch=drain`` (created by threads, untimed), then W
+  ``joblease work --selector batch=drain --until-empty --concurrency 1 -- true``
+  processes. jobs/s = J ÷ (last ``completion.time`` − first ``acquireTime``), both written
+  by the protocol on the server's clock; ratio = jobs/s ÷ (floor writes/s ÷ 2). Also: the
+  wall time from starting the workers to the last one's exit, wasted writes (409s counted
+  by kube-apiserver, ``apiserver_request_total``) per job, jobs per worker from
+  ``completion.holder``, and the rate while all W were busy.
+* **claim latency**: W idle workers (no ``--until-empty``) with their watches open (counted
+  by kube-apiserver's ``apiserver_longrunning_requests``); T jobs created at a steady rate
+  well below capacity. Each job's command writes the wall time it started into a file
+  named after ``$JOBLEASE_NAME``; latency = that time − the create response's arrival (one
+  machine, one clock; the response arrives a little after the job became visible, so this
+  errs short by under one round trip, and includes ``sh`` + ``date`` starting, a few ms).
+  Then a few leases held by a holder that never renews join the pool: the time from their
+  ``leaseUntil`` to a worker's command starting (the margin is part of it, as it must be).
+  The workers get SIGTERM at the end and drain.
+* **PostgreSQL**: what a user would build instead: the suite's PostgreSQL 15
+  (``tests.support.postgres``), a table of J jobs, W processes each claiming with
+  ``FOR UPDATE SKIP LOCKED`` (one transaction), running the same no-op command as a
+  subprocess (both pay the fork/exec), marking it done (a second transaction). Both stores
+  run without fsync here (etcd ``--unsafe-no-fsync``, PostgreSQL ``fsync=off``).
+
+Every child process is stopped by its PID when the section ends, also on failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import queue
+import resource
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from bench.common import (
+    REPO,
+    apiserver_metric,
+    apiserver_requests,
+    count,
+    list_leases,
+    progress,
+    summary,
+)
+from joblease.domain.lease import Observed, Phase
+from joblease.kube.api import MERGE_PATCH, KubeApi
+from joblease.kube.leases import LeaseStore, lease_path
+from joblease.sdk.client import LeaseClient
+
+DRAIN_LABEL = {"batch": "drain"}
+LATENCY_LABEL = {"batch": "latency"}
+JOB_SPEC = {"leaseDurationSeconds": 30}
+EXPIRING_DURATION = 2  # seconds: the abandoned leases of the latency phase
+NOOP = ("true",)
+# the command of a latency job: the wall time it started, into a file named after its job
+MARK = 'date +%s.%N > "$0/$JOBLEASE_NAME"'
+SPAWNS = 30  # processes started to measure what one start costs
+TARGETS = {"ratio": 0.85, "wasted_per_job": 0.05, "spread": 1.5, "latency_p99": 0.5}
+
+
+def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
+        latency_jobs: int, latency_rate: float, logs: Path) -> dict[str, Any]:
+    logs = logs / "pool"
+    logs.mkdir(parents=True, exist_ok=True)
+    api = KubeApi.from_kubeconfig(kubeconfig)
+    try:
+        floor_names = _create(api, namespace, [f"floor-{i:03d}" for i in range(workers)], {})
+        before = _floor(kubeconfig, namespace, floor_names, jobs, logs)
+        drain = _drain(cluster, api, kubeconfig, namespace, jobs, workers, logs)
+        after = _floor(kubeconfig, namespace, floor_names, jobs, logs)
+        latency = _claim_latency(cluster, api, kubeconfig, namespace, workers, latency_jobs,
+                                 latency_rate, logs)
+    finally:
+        api.close()
+    postgres = _postgres(jobs, workers, logs)
+    # what each job's processes cost alone: the command, and the Python sentinel that
+    # `joblease work` (as `joblease run`) starts beside every command
+    spawns = {"command": spawn_cost(NOOP, SPAWNS),
+              "python": spawn_cost([sys.executable, "-c", "pass"], SPAWNS)}
+    floor_rate = ((before["writes"] + after["writes"])
+                  / (before["seconds"] + after["seconds"]))
+    out: dict[str, Any] = {
+        "jobs": jobs, "workers": workers, "floor_before": before, "floor_after": after,
+        "floor_writes_per_s": floor_rate, "drain": drain, "latency": latency,
+        "postgres": postgres, "spawn_cost": spawns, "targets": TARGETS,
+        "ratio": drain["jobs_per_s"] / (floor_rate / 2)}
+    if "jobs_per_s" in postgres:
+        out["versus_postgres"] = drain["jobs_per_s"] / postgres["jobs_per_s"]
+    out["met"] = {
+        "ratio": out["ratio"] >= TARGETS["ratio"],
+        "wasted_per_job": drain["wasted_per_job"] <= TARGETS["wasted_per_job"],
+        "spread": drain["per_worker"]["spread"] <= TARGETS["spread"],
+        "latency_p99": latency["created"]["p99"] <= TARGETS["latency_p99"]}
+    return out
+
+
+# -- child processes ---------------------------------------------------------------------
+
+
+class Processes:
+    """Child processes of one kind, each stopped by its own PID when the block ends.
+
+    With ``lines``, each child's stdout lines are read by a thread into one queue (the
+    gang protocol of ``bench.pool_worker``: ``READY``, a go line on stdin, one JSON
+    result); otherwise stdout goes to a log file like stderr always does.
+    """
+
+    def __init__(self, argvs: Sequence[Sequence[str]], logs: Path, label: str, *,
+                 lines: bool = False) -> None:
+        self.label = label
+        self._logs = logs
+        self.procs: list[subprocess.Popen[str]] = []
+        self.lines: queue.Queue[tuple[int, str]] = queue.Queue()
+        self._files: list[IO[str]] = []
+        for i, argv in enumerate(argvs):
+            err = open(logs / f"{label}-{i}.err", "w")  # noqa: SIM115 (closed in stop)
+            out = subprocess.PIPE if lines else open(logs / f"{label}-{i}.out", "w")  # noqa: SIM115
+            self._files += [err] + ([] if lines else [out])  # type: ignore[list-item]
+            proc = subprocess.Popen(list(argv), cwd=REPO, text=True, stdout=out, stderr=err,
+                                    stdin=subprocess.PIPE if lines else subprocess.DEVNULL)
+            self.procs.append(proc)
+            if lines:
+                threading.Thread(target=self._read, args=(i, proc), daemon=True).start()
+
+    def _read(self, index: int, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.put((index, line.strip()))
+
+    def collect(self, what: str, parse: Callable[[str], Any], timeout: float) -> list[Any]:
+        """One line from every child, parsed (raise on a dead child or at ``timeout``)."""
+        found: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(found) < len(self.procs):
+            try:
+                index, line = self.lines.get(timeout=min(1.0, max(0.01,
+                                                                  deadline - time.monotonic())))
+            except queue.Empty:
+                self._raise_if_dead_or_late(what, deadline)
+                continue
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                found[index] = parse(line)
+        return [found[i] for i in range(len(self.procs))]
+
+    def _raise_if_dead_or_late(self, what: str, deadline: float) -> None:
+        dead = [i for i, p in enumerate(self.procs) if p.poll() not in (None, 0)]
+        if dead or time.monotonic() > deadline:
+            raise RuntimeError(f"{self.label}: no {what} in time; exited: "
+                               f"{[self.procs[i].returncode for i in dead]} "
+                               f"{self.failure_log()}")
+
+    def ready(self, timeout: float) -> None:
+        """Wait for every child's ``READY``."""
+        self.collect("READY", _ready_line, timeout)
+
+    def go(self) -> None:
+        """Release every child at once (each is blocked reading its stdin)."""
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write("GO\n")
+            proc.stdin.flush()
+
+    def results(self, timeout: float) -> list[dict[str, Any]]:
+        """Every child's JSON result line."""
+        return self.collect("result", _json_object, timeout)
+
+    def wait(self, timeout: float, tick: Callable[[], None] | None = None) -> list[int]:
+        """Wait for every child to exit by itself; ``tick`` every 30 s (progress)."""
+        deadline = time.monotonic() + timeout
+        next_tick = time.monotonic() + 30
+        while any(p.poll() is None for p in self.procs):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.label}: still running after {timeout:.0f} s")
+            if tick is not None and time.monotonic() > next_tick:
+                tick()
+                next_tick += 30
+            time.sleep(0.05)
+        return [int(p.returncode) for p in self.procs]
+
+    def stop(self, grace: float = 10.0) -> list[int | None]:
+        """SIGTERM every child still running, SIGKILL after ``grace``; close the logs."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        for proc in self.procs:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        for f in self._files:
+            f.close()
+        for proc in self.procs:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        return [p.returncode for p in self.procs]
+
+    def failure_log(self) -> str:
+        """The end of the first failed child's stderr (for the error message)."""
+        for i, proc in enumerate(self.procs):
+            if proc.poll() not in (None, 0):
+                path = self._logs / f"{self.label}-{i}.err"
+                return f"{path}: ..." + path.read_text(errors="replace")[-1500:]
+        return ""
+
+    def __enter__(self) -> Processes:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop()
+
+
+def _ready_line(line: str) -> bool:
+    if line != "READY":
+        raise ValueError(line)
+    return True
+
+
+def _json_object(line: str) -> dict[str, Any]:
+    data = json.loads(line)
+    if not isinstance(data, dict):
+        raise ValueError(line)
+    return data
+
+
+def work_argv(kubeconfig: str, namespace: str, selector: str, holder: str,
+              command: Sequence[str], *, until_empty: bool) -> list[str]:
+    """One ``joblease work`` process of the pool, as a user would start it."""
+    return [sys.executable, "-m", "joblease.cli", "work", "--kubeconfig", kubeconfig,
+            "-n", namespace, "--selector", selector, "--holder", holder,
+            "--concurrency", "1", *(["--until-empty"] if until_empty else []),
+            "--", *command]
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+# -- set-up ------------------------------------------------------------------------------
+
+
+def _create(api: KubeApi, namespace: str, names: list[str], labels: dict[str, str],
+            spec: dict[str, Any] | None = None) -> list[str]:
+    """Create JobLeases from 8 threads (untimed set-up); returns the names."""
+    store = LeaseStore(api)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: store.create(namespace, n, spec or JOB_SPEC, labels), names))
+    return names
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every child reaped so far, their own children included."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def spawn_cost(argv: Sequence[str], times: int) -> dict[str, float]:
+    """Mean wall and CPU seconds of starting ``argv`` and waiting for it, ``times`` times."""
+    cpu, start = _children_cpu(), time.perf_counter()
+    for _ in range(times):
+        subprocess.run(list(argv), check=True)
+    return {"wall_s": (time.perf_counter() - start) / times,
+            "cpu_s": (_children_cpu() - cpu) / times}
+
+
+def _split(total: int, parts: int) -> list[int]:
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+# -- floor -------------------------------------------------------------------------------
+
+
+def _floor(kubeconfig: str, namespace: str, names: list[str], writes: int,
+           logs: Path) -> dict[str, Any]:
+    argvs = [[sys.executable, "-m", "bench.pool_worker", "floor", "--kubeconfig", kubeconfig,
+              "--namespace", namespace, "--name", name, "--writes", str(k)]
+             for name, k in zip(names, _split(writes, len(names)), strict=True)]
+    with Processes(argvs, logs, "floor", lines=True) as gang:
+        gang.ready(120 + 5 * len(names))
+        gang.go()
+        results = gang.results(120 + writes * 0.05)
+    figures = _gang_figures(results)
+    progress(f"pool: floor {figures['count']} writes from {len(names)} processes in "
+             f"{figures['seconds']:.1f} s = {figures['count'] / figures['seconds']:.0f} writes/s")
+    return {"writes": figures["count"], "seconds": figures["seconds"],
+            "writes_per_s": figures["count"] / figures["seconds"]}
+
+
+def _gang_figures(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Total count and the span from the first start to the last end of a gang's results."""
+    start = min(float(r["start"]) for r in results)
+    end = max(float(r["end"]) for r in results)
+    counts = [int(r["count"]) for r in results]
+    return {"count": sum(counts), "seconds": end - start, "per_process": counts}
+
+
+# -- drain -------------------------------------------------------------------------------
+
+
+def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: int,
+           workers: int, logs: Path) -> dict[str, Any]:
+    names = [f"drain-{i:05d}" for i in range(jobs)]
+    t0 = time.monotonic()
+    _create(api, namespace, names, DRAIN_LABEL)
+    progress(f"pool: created {jobs} jobs in {time.monotonic() - t0:.1f} s (untimed)")
+    selector = _selector(DRAIN_LABEL)
+    before = apiserver_requests(cluster)
+    started = time.monotonic()
+
+    def tick() -> None:
+        done = _status_writes(apiserver_requests(cluster), before, "200") / 2
+        progress(f"pool: drain, {time.monotonic() - started:.0f} s: ~{done:.0f} of {jobs} "
+                 "jobs done (status writes ÷ 2)")
+
+    argvs = [work_argv(kubeconfig, namespace, selector, f"pool-w{i:02d}", NOOP,
+                       until_empty=True) for i in range(workers)]
+    cpu, began = _children_cpu(), time.time()
+    with Processes(argvs, logs, "drain") as pool:
+        codes = pool.wait(120 + jobs * 0.2, tick)
+        failure = pool.failure_log()
+    wall = time.monotonic() - started
+    cpu = _children_cpu() - cpu  # the workers, their commands and sentinels, start-up included
+    after = apiserver_requests(cluster)
+    items = [Observed.from_object(o) for o in list_leases(api, namespace)
+             if (o["metadata"].get("labels") or {}) == DRAIN_LABEL]
+    figures = drain_figures(items, workers)
+    wasted = _status_writes(after, before, "409")
+    figures.update({
+        # the wall time outside the server-clock window (one clock: one machine): the
+        # workers' start-up (list, calibration) and their exit (--until-empty's checks)
+        "before_first_claim_s": figures.get("first_claim", math.nan) - began,
+        "after_last_completion_s": began + wall - figures.get("last_completion", math.nan),
+        "jobs": jobs, "workers": workers, "exit_codes": codes, "wall_seconds": wall,
+        "worker_cpu_s_per_job": cpu / jobs,
+        "wasted_writes": wasted, "wasted_per_job": wasted / jobs,
+        "status_writes_per_job": _status_writes(after, before, None) / jobs,
+        "requests_per_job": _requests_per_job(after, before, jobs)})
+    if figures["completed"] != jobs:
+        raise RuntimeError(f"pool drain: {figures['completed']} of {jobs} jobs completed "
+                           f"(exit codes {codes}) {failure}")
+    progress(f"pool: drained {jobs} jobs in {figures['server_seconds']:.1f} s (server clock) "
+             f"= {figures['jobs_per_s']:.1f} jobs/s; wall {wall:.1f} s; "
+             f"{figures['wasted_per_job']:.3f} wasted writes per job")
+    return figures
+
+
+def _status_writes(after: dict[tuple[str, str, str, str], float],
+                   before: dict[tuple[str, str, str, str], float], code: str | None) -> float:
+    def total(t: dict[tuple[str, str, str, str], float]) -> float:
+        return count(t, verbs=("PATCH",), resource="jobleases", subresource="status", code=code)
+
+    return total(after) - total(before)
+
+
+def _requests_per_job(after: dict[tuple[str, str, str, str], float],
+                      before: dict[tuple[str, str, str, str], float],
+                      jobs: int) -> dict[str, float]:
+    """Requests to ``jobleases`` by verb (and subresource) per job, kube-apiserver's count."""
+    out: dict[str, float] = {}
+    for key, value in after.items():
+        verb, resource, subresource, _ = key
+        if resource == "jobleases":
+            label = f"{verb} {subresource}".strip()
+            out[label] = out.get(label, 0.0) + value - before.get(key, 0.0)
+    return {k: v / jobs for k, v in sorted(out.items()) if v}
+
+
+def drain_figures(items: list[Observed], workers: int) -> dict[str, Any]:
+    """Throughput and fairness of a drain, from the JobLeases' own records.
+
+    jobs/s spans the first claim (``acquireTime``) to the last completion on the server's
+    clock. The steady rate counts only the completions while every worker was busy: from
+    the latest first claim of any worker to the earliest last completion of any worker.
+    """
+    done = [o for o in items if o.status.phase is Phase.COMPLETED and o.status.completion
+            and o.status.acquire_time]
+    if not done:
+        return {"completed": 0, "jobs_per_s": math.nan, "server_seconds": math.nan,
+                "per_worker": {"max": 0, "min": 0, "spread": math.inf, "workers_used": 0}}
+    acquired = {o.name: o.status.acquire_time.timestamp() for o in done}  # type: ignore[union-attr]
+    finished = {o.name: o.status.completion.time.timestamp() for o in done}  # type: ignore[union-attr]
+    holders = {o.name: o.status.completion.holder for o in done}  # type: ignore[union-attr]
+    first, last = min(acquired.values()), max(finished.values())
+    per = Counter(holders.values())
+    counts = [per.get(h, 0) for h in per] + [0] * max(0, workers - len(per))
+    return {"completed": len(done), "server_seconds": last - first, "first_claim": first,
+            "last_completion": last,
+            "jobs_per_s": len(done) / (last - first) if last > first else math.nan,
+            "steady": _steady(acquired, finished, holders),
+            "cycle": _cycle(acquired, finished, holders),
+            "per_worker": {"max": max(counts), "min": min(counts),
+                           "spread": max(counts) / min(counts) if min(counts) else math.inf,
+                           "workers_used": len(per), "counts": dict(sorted(per.items()))}}
+
+
+def _cycle(acquired: dict[str, float], finished: dict[str, float],
+           holders: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Where a worker's time goes, from the protocol's own timestamps (server clock).
+
+    ``held``: a job's claim decision to its completion decision (the claim's write, the
+    command and its sentinel, the renewal thread's start and stop). ``between``: a
+    completion decision to the same worker's next claim decision (the completion's write,
+    then choosing and deciding the next claim).
+    """
+    jobs: dict[str, list[tuple[float, float]]] = {}
+    for name, holder in holders.items():
+        jobs.setdefault(holder, []).append((acquired[name], finished[name]))
+    held: list[float] = []
+    between: list[float] = []
+    for spans in jobs.values():
+        spans.sort()
+        held += [end - start for start, end in spans]
+        between += [nxt[0] - cur[1] for cur, nxt in itertools.pairwise(spans)]
+    return {"held_s": summary(held), "between_s": summary(between)}
+
+
+def _steady(acquired: dict[str, float], finished: dict[str, float],
+            holders: dict[str, str]) -> dict[str, float]:
+    starts: dict[str, float] = {}
+    ends: dict[str, float] = {}
+    for name, holder in holders.items():
+        starts[holder] = min(starts.get(holder, math.inf), acquired[name])
+        ends[holder] = max(ends.get(holder, -math.inf), finished[name])
+    begin, end = max(starts.values()), min(ends.values())
+    if end <= begin:
+        return {"seconds": 0.0, "jobs": 0, "jobs_per_s": math.nan}
+    inside = sum(1 for t in finished.values() if begin <= t <= end)
+    return {"seconds": end - begin, "jobs": inside, "jobs_per_s": inside / (end - begin)}
+
+
+# -- claim latency -----------------------------------------------------------------------
+
+
+def _claim_latency(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers: int,
+                   jobs: int, rate: float, logs: Path) -> dict[str, Any]:
+    marks = logs / "marks"
+    marks.mkdir(exist_ok=True)
+    watching = _watches(cluster)
+    argvs = [work_argv(kubeconfig, namespace, _selector(LATENCY_LABEL), f"idle-w{i:02d}",
+                       ["sh", "-c", MARK, str(marks)], until_empty=False)
+             for i in range(workers)]
+    with Processes(argvs, logs, "latency") as pool:
+        _wait_for_watches(cluster, watching + workers, pool, timeout=60 + 5 * workers)
+        before = apiserver_requests(cluster)
+        names = [f"paced-{i:04d}" for i in range(jobs)]
+        arrived = _paced_create(api, namespace, names, rate)
+        started = _wait_marks(marks, names, timeout=30 + 2 * jobs / rate)
+        after = apiserver_requests(cluster)
+        expired = _expired_then_claimed(api, namespace, marks, max(3, jobs // 10))
+        codes = pool.stop(grace=30)
+    samples = [started[n] - arrived[n] for n in names]
+    out: dict[str, Any] = {
+        "jobs": jobs, "rate": rate, "created": summary(samples), "samples": samples,
+           "wasted_per_job": _status_writes(after, before, "409") / jobs,
+           "after_expiry": expired, "exit_codes_after_sigterm": codes}
+    progress(f"pool: claim latency of {jobs} jobs at {rate:.0f}/s: p50 "
+             f"{out['created']['p50']:.3f} s, p99 {out['created']['p99']:.3f} s; after an "
+             f"expiry p50 {expired['s_after_lease_until']['p50']:.2f} s")
+    return out
+
+
+def _watches(cluster: Any) -> float:
+    """Open watches on JobLeases, kube-apiserver's own gauge."""
+    return sum(v for labels, v in apiserver_metric(cluster, "apiserver_longrunning_requests")
+               if labels.get("verb") == "WATCH" and labels.get("resource") == "jobleases")
+
+
+def _wait_for_watches(cluster: Any, wanted: float, pool: Processes, timeout: float) -> None:
+    """Until every worker is idle and waiting: its watch is open on the API server."""
+    deadline = time.monotonic() + timeout
+    while (seen := _watches(cluster)) < wanted:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in pool.procs):
+            raise RuntimeError(f"pool: {seen:.0f} watches open, wanted {wanted:.0f} (workers "
+                               f"exited: {[p.returncode for p in pool.procs]})")
+        time.sleep(0.2)
+
+
+def _paced_create(api: KubeApi, namespace: str, names: list[str],
+                  rate: float) -> dict[str, float]:
+    """Create one job every 1/rate s on a fixed schedule; each response's arrival time."""
+    store = LeaseStore(api)
+    arrived: dict[str, float] = {}
+    t0 = time.monotonic() + 0.1
+    for i, name in enumerate(names):
+        time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
+        store.create(namespace, name, JOB_SPEC, LATENCY_LABEL)
+        arrived[name] = time.time()
+    return arrived
+
+
+def _wait_marks(marks: Path, names: list[str], timeout: float) -> dict[str, float]:
+    """The start time each job's command wrote, once all have (raise at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    found: dict[str, float] = {}
+    while True:
+        for name in names:
+            if name not in found:
+                with contextlib.suppress(OSError, ValueError):
+                    found[name] = float((marks / name).read_text())
+        if len(found) == len(names):
+            return found
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pool: {len(names) - len(found)} of {len(names)} jobs never "
+                               f"started, e.g. {sorted(set(names) - set(found))[:3]}")
+        time.sleep(0.05)
+
+
+def _expired_then_claimed(api: KubeApi, namespace: str, marks: Path,
+                          jobs: int) -> dict[str, Any]:
+    """Leases whose holder went away join the pool; s from leaseUntil to the next start.
+
+    Created without the pool's label, claimed by a holder that never renews, then
+    labelled (so no idle worker sees them before they are held).
+    """
+    names = _create(api, namespace, [f"expiring-{i:03d}" for i in range(jobs)], {},
+                    {"leaseDurationSeconds": EXPIRING_DURATION})
+    client = LeaseClient(namespace, api=api, calibrate=False)
+    until: dict[str, float] = {}
+    for name in names:
+        lease = client.claim(name, "bench-gone")
+        assert lease.lease_until is not None  # a claim always sets it
+        until[name] = lease.lease_until.timestamp()
+        api.request("PATCH", lease_path(namespace, name), {"metadata": {"labels": LATENCY_LABEL}},
+                    content_type=MERGE_PATCH)
+    started = _wait_marks(marks, names, timeout=30 + EXPIRING_DURATION)
+    samples = [started[n] - until[n] for n in names]
+    return {"jobs": jobs, "duration": EXPIRING_DURATION, "samples": samples,
+            "s_after_lease_until": summary(samples)}
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------
+
+SCHEMA = """
+CREATE TABLE jobs (
+  id bigserial PRIMARY KEY, priority int NOT NULL DEFAULT 0,
+  state text NOT NULL DEFAULT 'ready', holder text,
+  started timestamptz, done timestamptz);
+CREATE INDEX jobs_ready ON jobs (priority DESC, id) WHERE state = 'ready';
+"""
+
+
+def _postgres(jobs: int, workers: int, logs: Path) -> dict[str, Any]:
+    """The same drain on a PostgreSQL ``FOR UPDATE SKIP LOCKED`` queue (same machine)."""
+    from tests.support.postgres import PostgresServer, PostgresUnavailableError
+
+    try:
+        import psycopg  # noqa: F401 (the workers need it: `make setup` installs it)
+
+        server = PostgresServer().start()
+    except (ImportError, PostgresUnavailableError) as err:
+        # a missing baseline is reported as such in the table, not as a failed section
+        progress(f"pool: PostgreSQL not measured: {err}")
+        return {"error": str(err).splitlines()[0]}
+    try:
+        return _postgres_drain(server.create_database("queue"), jobs, workers, logs)
+    finally:
+        server.stop()
+
+
+def _postgres_drain(dsn: str, jobs: int, workers: int, logs: Path) -> dict[str, Any]:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        conn.execute("INSERT INTO jobs (priority) SELECT 0 FROM generate_series(1, %s)",
+                     (jobs,))
+        conn.execute("ANALYZE jobs")
+    argvs = [[sys.executable, "-m", "bench.pool_worker", "postgres", "--dsn", dsn,
+              "--holder", f"pg-w{i:02d}"] for i in range(workers)]
+    cpu = _children_cpu()
+    with Processes(argvs, logs, "postgres", lines=True) as gang:
+        gang.ready(60 + 5 * workers)
+        started = time.monotonic()
+        gang.go()
+        results = gang.results(120 + jobs * 0.05)
+        wall = time.monotonic() - started
+    cpu = _children_cpu() - cpu
+    with psycopg.connect(dsn) as conn:
+        done, seconds = conn.execute(
+            "SELECT count(*) FILTER (WHERE state = 'done'), "
+            "extract(epoch FROM max(done) - min(started))::float8 FROM jobs").fetchone() or (0, 0)
+        per: dict[str, int] = dict(conn.execute(
+            "SELECT holder, count(*) FROM jobs WHERE state = 'done' GROUP BY holder").fetchall())
+    if done != jobs:
+        raise RuntimeError(f"pool: PostgreSQL queue finished {done} of {jobs} jobs")
+    counts = [int(per.get(f"pg-w{i:02d}", 0)) for i in range(workers)]
+    progress(f"pool: PostgreSQL SKIP LOCKED queue drained {jobs} jobs in {seconds:.1f} s "
+             f"= {jobs / seconds:.0f} jobs/s")
+    return {"jobs": jobs, "workers": workers, "server_seconds": seconds,
+            "jobs_per_s": jobs / seconds, "wall_seconds": wall, "worker_cpu_s_per_job": cpu / jobs,
+            "gang": _gang_figures(results),
+            "per_worker": {"max": max(counts), "min": min(counts)}}
+

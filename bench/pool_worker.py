@@ -1,0 +1,109 @@
+"""Processes for the pool benchmark's two baselines, started together by ``bench.pool``.
+
+    python -m bench.pool_worker floor --kubeconfig K --namespace N --name OBJ --writes N
+    python -m bench.pool_worker postgres --dsn DSN --holder H
+
+Each process sets up (imports, connection, first request) and prints ``READY``, then
+waits for one line on stdin, so that the W processes start their timed work together and
+no interpreter start-up is timed. It prints one JSON line when done: ``start`` and ``end``
+(``time.time()``: every process runs on this machine, one clock) and its ``count``.
+
+* ``floor``: ``writes`` bare conditional status writes (``bench.common.floor_write``) on
+  its own JobLease from its cached version: no reads, no conflicts.
+* ``postgres``: the queue a user would build instead of a work pool: claim the next ready
+  job with ``FOR UPDATE SKIP LOCKED`` (one transaction), run the same no-op command as a
+  subprocess, mark the job done (a second transaction); until no job is ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+MAX_JOBS = 1_000_000  # bounds the postgres loop; the table is far smaller
+NOOP = ("true",)
+
+CLAIM_SQL = """
+UPDATE jobs SET state = 'running', holder = %s, started = clock_timestamp()
+WHERE id = (SELECT id FROM jobs WHERE state = 'ready'
+            ORDER BY priority DESC, id LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+DONE_SQL = "UPDATE jobs SET state = 'done', done = clock_timestamp() WHERE id = %s AND holder = %s"
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def _timed_after_go(work: Callable[[], int]) -> None:
+    """READY, wait for the go line, run ``work``, report its start, end and count."""
+    _say("READY")
+    if not sys.stdin.readline():
+        return  # the bench went away before the start: nothing to do
+    start = time.time()
+    count = work()
+    _say(json.dumps({"start": start, "end": time.time(), "count": count}))
+
+
+def floor(args: argparse.Namespace) -> None:
+    from bench.common import floor_write
+    from joblease.kube.api import KubeApi
+    from joblease.kube.leases import LeaseStore
+
+    api = KubeApi.from_kubeconfig(args.kubeconfig)
+    obs = LeaseStore(api).get(args.namespace, args.name)  # the cache; untimed
+    api.server_now()  # clock known before timing, as a worker's would be
+
+    def write_all() -> int:
+        nonlocal obs
+        for _ in range(args.writes):
+            obs = floor_write(api, args.namespace, obs, args.name)
+        return int(args.writes)
+
+    _timed_after_go(write_all)
+    api.close()
+
+
+def postgres(args: argparse.Namespace) -> None:
+    import psycopg
+
+    with psycopg.connect(args.dsn, autocommit=True) as conn:
+        conn.execute("SELECT 1")
+
+        def drain() -> int:
+            done = 0
+            for _ in range(MAX_JOBS):
+                row = conn.execute(CLAIM_SQL, (args.holder,)).fetchone()
+                if row is None:
+                    break
+                subprocess.run(NOOP, check=True)
+                conn.execute(DONE_SQL, (row[0], args.holder))
+                done += 1
+            return done
+
+        _timed_after_go(drain)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.pool_worker")
+    sub = parser.add_subparsers(dest="mode", required=True)
+    f = sub.add_parser("floor")
+    f.add_argument("--kubeconfig", required=True)
+    f.add_argument("--namespace", required=True)
+    f.add_argument("--name", required=True)
+    f.add_argument("--writes", type=int, required=True)
+    p = sub.add_parser("postgres")
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--holder", required=True)
+    args = parser.parse_args(argv)
+    {"floor": floor, "postgres": postgres}[args.mode](args)
+
+
+if __name__ == "__main__":
+    main()
