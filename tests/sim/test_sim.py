@@ -23,6 +23,7 @@ import joblease.domain.lease as lease_module
 import joblease.domain.pool as pool_module
 from joblease.controller.pods import Delegator
 from joblease.controller.reconciler import Reconciler
+from joblease.domain import holder as holder_module  # ClaimDecider calls decide_claim
 from joblease.domain.clock import ServerClock
 from joblease.domain.lease import EARLIEST_TIME, Claim, LeaseSpec, LeaseStatus, Observed
 from joblease.sdk import client as client_module
@@ -185,12 +186,12 @@ def test_rediscovers_a_deadline_without_drift(monkeypatch: pytest.MonkeyPatch) -
 # -- bug 7: a claim whose answer was lost is refused by itself --------------------------------
 
 def test_rediscovers_a_lost_claim_answer_left_orphaned(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = client_module.decide_claim
+    original = holder_module.decide_claim
 
     def no_adoption(obs: Any, who: str, now: Any, margin: Any, claim_id: Any = None) -> Any:
         return original(obs, who, now, margin, None)
 
-    monkeypatch.setattr(client_module, "decide_claim", no_adoption)
+    monkeypatch.setattr(holder_module, "decide_claim", no_adoption)
     config = Config(workers=3, leases=1, duration=20, seconds=30,
                     faults=Faults(response_lost=0.2))
     _record("7 lost claim answer orphans the lease", "f", _find("f", config, 100))
@@ -233,13 +234,13 @@ def _without_rest(obs: Observed) -> Observed:
 
 
 def test_rediscovers_claims_that_skip_the_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    original_decide, original_claimable = client_module.decide_claim, pool_module.claimable_at
+    original_decide, original_claimable = holder_module.decide_claim, pool_module.claimable_at
 
     def decide_without_rest(obs: Observed, who: str, now: Any, margin: Any,
                             claim_id: Any = None) -> Any:
         return original_decide(_without_rest(obs), who, now, margin, claim_id)
 
-    monkeypatch.setattr(client_module, "decide_claim", decide_without_rest)
+    monkeypatch.setattr(holder_module, "decide_claim", decide_without_rest)
     monkeypatch.setattr(pool_module, "claimable_at",
                         lambda obs, margin: original_claimable(_without_rest(obs), margin))
     _record("claims skip the backoff", "j", _find("j", POOL, 50))
