@@ -61,7 +61,7 @@ def test_the_product_wheel_declares_only_what_it_imports(wheels: Wheels) -> None
     meta = _metadata(wheels.product)
     runtime = sorted(r.split("==")[0].lower() for r in meta.get_all("Requires-Dist") or []
                      if "extra ==" not in r)
-    assert runtime == ["kopf", "kubernetes", "prometheus-client", "pyyaml", "urllib3"]
+    assert runtime == ["aiohttp", "kopf", "kubernetes", "prometheus-client", "pyyaml", "urllib3"]
     assert meta["License-Expression"] == "Apache-2.0"
     assert meta.get_all("License-File") == ["LICENSE"]
     assert "LICENSE" in "".join(n for n in _names(wheels.product) if "licenses" in n)
