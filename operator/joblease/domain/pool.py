@@ -205,7 +205,7 @@ class PoolView:
     def _in_order(self) -> Iterator[Observed]:
         """The unfinished cached JobLeases, best first (step 2)."""
         for key in self._order:
-            yield self._items[key[2]]
+            yield self._items[key[-1]]  # the name comes last in every order key
 
     def candidates(self, now: ServerNow, margin: timedelta) -> list[Observed]:
         """The JobLeases a claim may take now (step 1), best first (step 2)."""
