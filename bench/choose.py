@@ -10,7 +10,10 @@ choice scans the whole cache or only the front of its order.
 from __future__ import annotations
 
 import argparse
+import random
 import time
+from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import joblease.domain.pool as pool_module
@@ -56,12 +59,42 @@ def measure(cached: int, calls: int) -> tuple[float, float]:
     return elapsed / calls, examined / calls
 
 
+def collisions(workers: int, per_holder: int, pools: int = 200) -> tuple[int, float]:
+    """The window and the mean number of ``workers`` first picks that collide.
+
+    ``workers`` workers each hold one JobLease of 1,000 and choose their next at once, from
+    the same view (the worst case: no claim is seen before the others choose); random job
+    and worker names per pool, seeded.
+    """
+    rng = random.Random(f"{workers}/{per_holder}")
+    colliding = 0
+    window = 0
+    for _ in range(pools):
+        view = PoolView()
+        names = [f"job-{rng.getrandbits(48):x}" for _ in range(1_000)]
+        view.replace([replace(_job(i), name=name) for i, name in enumerate(names)], "1")
+        window = view.window(per_holder=per_holder)
+        now = ServerNow.exact(T0 + timedelta(seconds=1))
+        picks = Counter(getattr(view.choose(f"worker-{i}-{rng.getrandbits(32):x}", now, MARGIN,
+                                            per_holder=per_holder), "name", None)
+                        for i in range(workers))
+        colliding += workers - len(picks)
+    return window, colliding / pools
+
+
 def main() -> None:
     """Print the cost of ``choose`` for the sizes asked for."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--cached", type=int, nargs="+", default=[100, 1_000, 10_000])
     parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--per-holder", type=int, nargs="*", default=[0, 2, 4, 8, 16],
+                        help="window slots per active holder whose collisions to print")
     args = parser.parse_args()
+    for per_holder in args.per_holder:
+        window, colliding = collisions(WORKERS, per_holder)
+        print(f"{WORKERS} workers choosing at once, {per_holder:>2} slots per holder: window "
+              f"{window:>3}, {colliding:5.2f} of {WORKERS} first picks collide "
+              f"({colliding / WORKERS:.1%})")
     for cached in args.cached:
         seconds, examined = measure(cached, args.calls)
         print(f"choose with {cached:>6} cached: {seconds * 1e3:8.3f} ms/call, "
