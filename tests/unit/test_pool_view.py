@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import joblease.domain.pool as pool_module
 from joblease.domain.clock import ServerNow
 from joblease.domain.lease import LeaseSpec, LeaseStatus, Observed, Phase, claimable_at
-from joblease.domain.pool import PoolView
+from joblease.domain.pool import PoolView, _rank
 
 T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 MARGIN = timedelta(milliseconds=250)
@@ -80,12 +81,102 @@ def test_choose_returns_a_ready_candidate_of_the_top_priority_within_the_window(
     at_ = claimable_at(chosen, MARGIN)
     assert at_ is not None and at_ <= now.earliest
     assert chosen.spec.priority == max(o.spec.priority for o in ready)  # never a lower one
-    assert chosen in ready[:spread]  # FIFO within the window
+    assert chosen in ready[:view.window(spread)]  # FIFO within the window
     # nothing claimable by now is missing from the candidates
     for o in _cached(view):
         when = claimable_at(o, MARGIN)
         if when is not None and when <= now.earliest and not view.is_set_aside(o.name):
             assert o in ready
+
+
+def brute_force_choice(view: PoolView, worker: str, now: ServerNow, spread: int,
+                       exclude: set[str], per_holder: int) -> Observed | None:
+    """The choice as specified, by scanning everything (the reference for the index)."""
+    cached = _cached(view)
+    holders = {o.status.holder for o in cached if o.status.phase is Phase.HELD
+               and o.status.holder}
+    window = max(1, spread, per_holder * len(holders))
+    ready = sorted((o for o in cached if not view.is_set_aside(o.name) and o.name not in exclude
+                    and (when := claimable_at(o, MARGIN)) is not None and when <= now.earliest),
+                   key=lambda o: (-o.spec.priority, o.created, o.name))
+    if not ready:
+        return None
+    top = [o for o in ready[:window] if o.spec.priority == ready[0].spec.priority]
+    return max(top, key=lambda o: _rank(worker, o.name))
+
+
+ops = st.lists(st.tuples(st.sampled_from(["apply", "learn", "delete", "aside"]), jobs(),
+                         st.sampled_from(["a", "b", "c"])), max_size=25)
+
+
+@given(views, ops, st.floats(-60, 60), st.integers(1, 4), st.sets(st.sampled_from(NAMES)),
+       st.integers(0, 2), st.text(min_size=1, max_size=8))
+@settings(max_examples=150)
+def test_indexed_choice_equals_the_brute_force_reference_after_any_updates(
+        view: PoolView, changes: list[tuple[str, Observed, str]], t: float, spread: int,
+        exclude: set[str], per_holder: int, worker: str) -> None:
+    for kind, obs, holder in changes:  # the index is kept by replace/apply/learn/set_aside
+        if obs.status.phase is Phase.HELD:
+            obs = replace(obs, status=replace(obs.status, holder=f"w-{holder}"))
+        if kind == "apply":
+            view.apply("MODIFIED", obs)
+        elif kind == "learn":
+            view.learn(obs)
+        elif kind == "delete" and (cached := view.get(obs.name)) is not None:
+            view.apply("DELETED", cached)
+        else:
+            view.set_aside(obs.name)
+    now = at(t)
+    assert view.choose(worker, now, MARGIN, spread, exclude, per_holder) == brute_force_choice(
+        view, worker, now, spread, exclude, per_holder)
+    assert view.unfinished() == sum(1 for o in _cached(view) if not o.status.phase.finished)
+    assert view.active_holders() == len({o.status.holder for o in _cached(view)
+                                         if o.status.phase is Phase.HELD and o.status.holder})
+    assert view.candidates(now, MARGIN) == [
+        o for o in sorted(_cached(view), key=lambda o: (-o.spec.priority, o.created, o.name))
+        if not view.is_set_aside(o.name)
+        and (when := claimable_at(o, MARGIN)) is not None and when <= now.earliest]
+
+
+def test_choose_with_10000_cached_examines_only_the_front_of_the_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 workers hold the 20 oldest of 10,000: a choice reads those and its window only."""
+    view = PoolView()
+    view.replace([job(f"j{i:05d}", created=i, phase=Phase.COMPLETED) for i in range(5_000)]
+                 + [replace(held := job(f"k{i:05d}", created=5_000 + i, phase=Phase.HELD,
+                                        until=60),
+                            status=replace(held.status, holder=f"w{i}")) for i in range(20)]
+                 + [job(f"m{i:05d}", created=6_000 + i) for i in range(5_000)], "1")
+    examined: list[str] = []
+
+    def counting(obs: Observed, margin: timedelta) -> datetime | None:
+        examined.append(obs.name)
+        return claimable_at(obs, margin)
+
+    monkeypatch.setattr(pool_module, "claimable_at", counting)
+    chosen = view.choose("w0", at(1), MARGIN, spread=32, per_holder=4)
+    assert chosen is not None and chosen.name.startswith("m")
+    assert view.window(32, per_holder=4) == 80
+    assert len(examined) == 20 + 80  # the held ones skipped, then the window; not 10,020
+    assert view.unfinished() == 5_020
+
+
+def test_the_window_widens_with_the_active_holders_and_narrows_as_they_leave() -> None:
+    view = PoolView()
+    view.replace([job(f"j{i}", created=i) for i in range(100)], "1")
+    assert view.window(8, per_holder=4) == 8
+    for i in range(5):  # five workers each claim one
+        claimed = view.get(f"j{i}")
+        assert claimed is not None
+        view.learn(replace(claimed, resource_version="200", status=replace(
+            claimed.status, phase=Phase.HELD, holder=f"w{i}",
+            lease_until=T0 + timedelta(seconds=60))))
+    assert view.active_holders() == 5 and view.window(8, per_holder=4) == 20
+    done = view.get("j0")
+    assert done is not None
+    view.apply("MODIFIED", replace(done, resource_version="300",
+                                   status=replace(done.status, phase=Phase.COMPLETED)))
+    assert view.active_holders() == 4 and view.window(8, per_holder=4) == 16
 
 
 @given(views, st.floats(-60, 60))
