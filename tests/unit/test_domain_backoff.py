@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -63,14 +64,37 @@ def test_delay_is_capped_at_max_seconds_and_stays_there() -> None:
     assert [BACKOFF.delay(n).total_seconds() for n in (4, 5, 50, 10_000)] == [60] * 4
 
 
+@pytest.mark.parametrize(("initial", "factor", "maximum"), [
+    (10, 1.01, 300), (1, 1.001, 86400), (10, 1.1, 86400), (3, 1.5, 86400)])
+def test_delay_follows_initial_times_factor_to_the_attempts_minus_one_for_every_count(
+        initial: int, factor: float, maximum: int) -> None:
+    """Bug 18: the growth stopped after 64 steps, so with a factor near 1 the rest stayed
+    far below the documented ``initialSeconds * factor^(attempts-1)`` (at most
+    ``maxSeconds``): 18.9 s forever instead of rising to 300 s for 10 s x 1.01."""
+    backoff = Backoff(initial, factor, maximum)
+    for attempts in (1, 2, 64, 65, 66, 100, 342, 343, 1000, 5000, 2**31 - 1):
+        assert backoff.delay(attempts).total_seconds() == pytest.approx(
+            _documented(initial, factor, maximum, attempts), abs=1e-6)
+
+
+def _documented(initial: int, factor: float, maximum: int, attempts: int) -> float:
+    """The CRD's words, with math's ``log`` where the power would overflow a float."""
+    if (attempts - 1) * math.log(factor) > math.log(maximum / initial):
+        return maximum
+    return min(initial * factor ** (attempts - 1), maximum)
+
+
 def test_no_failed_attempt_means_no_rest_and_zero_initial_means_none_ever() -> None:
     assert BACKOFF.delay(0) == timedelta(0) and BACKOFF.delay(-3) == timedelta(0)
     assert Backoff(0, 10.0, 0).delay(7) == timedelta(0)
     assert Backoff(5, 1.0, 300).delay(9) == timedelta(seconds=5)  # factor 1: constant
+    assert Backoff(0, 10.0, 0).delay(2**31 - 1) == timedelta(0)  # no overflow, still none
+    assert Backoff(5, 1.0, 300).delay(2**31 - 1) == timedelta(seconds=5)
+    assert Backoff(5, 10.0, 300).delay(2**31 - 1) == timedelta(seconds=300)
 
 
 @given(initial=st.integers(0, 86400), factor=st.floats(1.0, 10.0),
-       extra=st.integers(0, 86400), attempts=st.integers(1, 500))
+       extra=st.integers(0, 86400), attempts=st.integers(1, 2**31 - 2))
 def test_delay_is_monotonic_bounded_and_never_raises(initial: int, factor: float,
                                                       extra: int, attempts: int) -> None:
     backoff = Backoff(initial, factor, min(86400, initial + extra))
@@ -139,6 +163,7 @@ def test_claim_during_the_rest_names_the_time_and_succeeds_once_it_has_certainly
     with pytest.raises(LeaseNotReadyError) as err:
         decide_claim(o, "b", at(9.9), MARGIN)
     assert err.value.not_before == rest_end and err.value.attempts == 1
+    assert err.value.name == "job"
     assert "2026-12-02T12:00:10.000Z" in str(err.value) and "1 failed" in str(err.value)
     with pytest.raises(LeaseNotReadyError):  # midpoint past, earliest estimate not yet
         decide_claim(o, "b", at(10.1, error=0.2), MARGIN)
