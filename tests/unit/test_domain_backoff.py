@@ -246,3 +246,70 @@ def test_monotonic_certain_is_the_first_instant_the_earliest_estimate_reaches_th
     if local - 1e-3 > 100.0 + rtt:
         assert clock.now(local - 1e-3).earliest < when  # not later than it needs to be
     assert local >= clock.monotonic_at(when)  # a claimer never wakes before a holder stops
+
+
+# --- claimable_at agrees with decide_claim --------------------------------------------------
+
+@st.composite
+def stored_leases(draw: st.DrawFn) -> Observed:
+    phase = draw(st.sampled_from(list(Phase)))
+    seconds = st.one_of(st.none(), st.integers(-60, 60))
+    until, rest = draw(seconds), draw(seconds)
+    status = LeaseStatus(
+        phase=phase, holder=draw(st.sampled_from([None, "a"])), generation=2, epoch=100,
+        attempts=draw(st.integers(0, 3)),
+        lease_until=None if until is None else T0 + timedelta(seconds=until),
+        not_before=None if rest is None else T0 + timedelta(seconds=rest))
+    return lease(status, backoff=draw(st.sampled_from([None, BACKOFF, Backoff(0, 1.0, 0)])),
+                 max_attempts=draw(st.sampled_from([None, 2, 10])))
+
+
+@given(stored_leases(), st.integers(-70, 130), st.sampled_from([0.0, 0.5]))
+def test_claimable_at_is_exactly_when_a_claim_stops_being_refused_as_held_or_resting(
+        o: Observed, t: int, error: float) -> None:
+    """A pool chooses by ``claimable_at`` and a claim is decided by ``decide_claim``: if they
+    disagreed, a worker would either ask for what is refused (Expired keeps its holder and
+    end, so it must not be treated as Held) or never choose what it could take. One case
+    decides before the wait: attempts already used up (``maxAttempts`` lowered meanwhile)
+    make any claim record Failed, so a pool that waits for the rest first loses nothing."""
+    now = at(t, error)
+    when = claimable_at(o, MARGIN)
+    refused: type[Exception] | None = None
+    try:
+        transition = decide_claim(o, "b", now, MARGIN)
+    except (LeaseHeldError, LeaseNotReadyError, LeaseFinishedError) as err:
+        refused = type(err)
+    if when is None:
+        assert refused is LeaseFinishedError
+    elif now.earliest >= when:
+        assert refused is None
+    elif refused is None:
+        assert transition is not None and transition.kind == "failed"
+    else:
+        assert refused in (LeaseHeldError, LeaseNotReadyError)
+
+
+def test_an_expired_lease_keeps_holder_and_end_and_is_claimable_at_once() -> None:
+    held = held_by("a", lease(backoff=None))
+    expired = decide_expire(held, at(31), MARGIN)
+    assert expired is not None
+    o = replace(held, status=expired.status)
+    assert (o.status.holder, o.status.lease_until) == ("a", T0 + timedelta(seconds=30))
+    assert claimable_at(o, MARGIN) == EARLIEST_TIME
+
+
+def test_a_lease_that_fails_while_resting_rests_no_more() -> None:
+    """Failed is final: a ``notBefore`` left over from the last rest would only mislead."""
+    o = lease(LeaseStatus(phase=Phase.EXPIRED, holder="a", generation=2, epoch=100,
+                          attempts=2, not_before=T0 + timedelta(seconds=50)), max_attempts=2)
+    t = decide_claim(o, "b", at(0), MARGIN)
+    assert t is not None and t.status.phase is Phase.FAILED and t.status.not_before is None
+
+
+def test_a_failed_status_message_fits_the_schemas_1024_characters() -> None:
+    held = held_by("a" * 1100, lease(max_attempts=1))
+    t = decide_expire(held, at(31), MARGIN)
+    assert t is not None and t.status.phase is Phase.FAILED
+    assert t.status.message == (f"generation 1 of {'a' * 1100!r} expired; 1 attempts used of "
+                                "maxAttempts 1")[:1024]
+    assert len(t.status.message) == 1024
