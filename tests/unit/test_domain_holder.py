@@ -17,9 +17,9 @@ from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import LeaseFinishedError, LeaseGoneError
 from joblease.domain.holder import (
     MAX_RETRY_DELAY,
-    ClaimDecider,
     MIN_RENEW_INTERVAL,
     RENEW_FRACTION,
+    ClaimDecider,
     Standing,
     finished_error,
     for_incarnation,

@@ -22,6 +22,7 @@ from joblease.domain.errors import (
     format_time,
 )
 from joblease.domain.token import FencingToken
+from joblease.kube.api import ForbiddenError
 from joblease.sdk.client import DEFAULT_MARGIN, IDENTITY_HOLDER, LeaseClient, default_holder
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
 
@@ -187,3 +188,26 @@ def test_wait_claim_gives_up_with_the_not_ready_error() -> None:
     with pytest.raises(LeaseNotReadyError) as err:
         client.wait_claim("job", "b", timeout=0.05)
     assert err.value.attempts == 2
+
+
+def test_a_forbidden_claim_that_only_recorded_used_up_attempts_is_a_finished_error() -> None:
+    """Bug 16 in the client: the holder-only policy refuses the claimer's Failed write (403);
+    the caller learns that the lease cannot be claimed again, not that it lacks a right."""
+    api, client = client_for(leaseDurationSeconds=10, maxAttempts=1)
+    client.claim("job", "a")
+    later(api, 11)
+    api.refuse_next = [ForbiddenError(403, "Forbidden", "only the holder may renew")]
+    with pytest.raises(LeaseFinishedError) as err:
+        client.claim("job", "b")
+    assert isinstance(err.value.__cause__, ForbiddenError)
+    assert "the operator marks it Failed" in str(err.value)
+    assert api.stored("ns", "job")["status"]["phase"] == "Held"  # type: ignore[index]
+
+
+def test_a_forbidden_ordinary_claim_stays_forbidden() -> None:
+    api, client = client_for()
+    refusal = ForbiddenError(403, "Forbidden", "holder must be the requesting user")
+    api.refuse_next = [refusal]
+    with pytest.raises(ForbiddenError) as err:
+        client.claim("job", "b")
+    assert err.value is refusal
