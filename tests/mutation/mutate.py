@@ -80,7 +80,10 @@ def stage(modules: list[str]) -> None:
              f"testpaths = {_toml_list(['tests'])}",
              f"addopts = {pytest_opts['addopts']!r}".replace("'", '"'),
              f"markers = {_toml_list(pytest_opts['markers'])}",
-             "timeout = 120",
+             # a hung test's guard; generous because mutmut's stats run records every call
+             # into mutated code (the pool view's birthday measurement took over 120 s
+             # there on the shared machine)
+             "timeout = 600",
              "",
              "[tool.mutmut]",
              f"source_paths = {_toml_list(['src'])}",
