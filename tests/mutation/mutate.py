@@ -41,9 +41,14 @@ EXCLUDED_TESTS = ["unit/fuzz/test_fuzz_schema.py", "unit/test_layout.py"]
 # copy cannot be. The sentinel test leaves its sentinel processes to exit on their own;
 # mutmut forks workers from the process that ran the stats and reaps with os.wait(), so such
 # a late child aborts the run (KeyError in ForkRunner.wait_for_result). Neither covers
-# domain, transact or sdk code.
+# domain, transact or sdk code. The sdk reference check lists a class's public attributes
+# (``vars(cls)``), and mutmut adds a trampoline target (``xǁLeaseClientǁclaim__mutmut_1``…)
+# for every mutant of every method to the class, so under ``mutate sdk`` the stats run
+# failed on names no one wrote; it checks docs/sdk.md, not behaviour.
 DESELECTED = [
     "tests/unit/test_crd_drift.py::test_the_demo_applies_the_packaged_crd",
+    "tests/unit/test_sdk_reference.py::test_every_public_method_of_the_main_classes_is_in_the_"
+    "reference",
     *(f"tests/unit/{module}::test_the_sentinel_kills_the_group_at_the_deadline_and_when_the_"
       "runner_dies" for module in ("test_safety.py", "test_safety_pure.py")),  # main renamed it
 ]
@@ -75,7 +80,10 @@ def stage(modules: list[str]) -> None:
              f"testpaths = {_toml_list(['tests'])}",
              f"addopts = {pytest_opts['addopts']!r}".replace("'", '"'),
              f"markers = {_toml_list(pytest_opts['markers'])}",
-             "timeout = 120",
+             # a hung test's guard; generous because mutmut's stats run records every call
+             # into mutated code (the pool view's birthday measurement took over 120 s
+             # there on the shared machine)
+             "timeout = 600",
              "",
              "[tool.mutmut]",
              f"source_paths = {_toml_list(['src'])}",

@@ -16,6 +16,7 @@ itself by changing the oracle too.
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -116,9 +117,11 @@ class PoolWatch:
 
 def backoff_seconds(initial: float, factor: float, maximum: float, attempts: int) -> float:
     """``initialSeconds * factor^(attempts-1)``, at most ``maxSeconds`` (the CRD's words)."""
-    if attempts <= 0:
+    if attempts <= 0 or initial <= 0:
         return 0.0
-    return float(min(initial * factor ** min(attempts - 1, 64), maximum))
+    if (attempts - 1) * math.log(factor) >= math.log(maximum / initial):
+        return float(maximum)  # also where the power itself would overflow a float
+    return float(min(initial * factor ** (attempts - 1), maximum))
 
 
 def rest_end(status: dict[str, Any], spec: dict[str, Any]) -> datetime | None:

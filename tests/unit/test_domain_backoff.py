@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -63,14 +64,37 @@ def test_delay_is_capped_at_max_seconds_and_stays_there() -> None:
     assert [BACKOFF.delay(n).total_seconds() for n in (4, 5, 50, 10_000)] == [60] * 4
 
 
+@pytest.mark.parametrize(("initial", "factor", "maximum"), [
+    (10, 1.01, 300), (1, 1.001, 86400), (10, 1.1, 86400), (3, 1.5, 86400)])
+def test_delay_follows_initial_times_factor_to_the_attempts_minus_one_for_every_count(
+        initial: int, factor: float, maximum: int) -> None:
+    """Bug 18: the growth stopped after 64 steps, so with a factor near 1 the rest stayed
+    far below the documented ``initialSeconds * factor^(attempts-1)`` (at most
+    ``maxSeconds``): 18.9 s forever instead of rising to 300 s for 10 s x 1.01."""
+    backoff = Backoff(initial, factor, maximum)
+    for attempts in (1, 2, 64, 65, 66, 100, 342, 343, 1000, 5000, 2**31 - 1):
+        assert backoff.delay(attempts).total_seconds() == pytest.approx(
+            _documented(initial, factor, maximum, attempts), abs=1e-6)
+
+
+def _documented(initial: int, factor: float, maximum: int, attempts: int) -> float:
+    """The CRD's words, with math's ``log`` where the power would overflow a float."""
+    if (attempts - 1) * math.log(factor) > math.log(maximum / initial):
+        return maximum
+    return min(initial * factor ** (attempts - 1), maximum)
+
+
 def test_no_failed_attempt_means_no_rest_and_zero_initial_means_none_ever() -> None:
     assert BACKOFF.delay(0) == timedelta(0) and BACKOFF.delay(-3) == timedelta(0)
     assert Backoff(0, 10.0, 0).delay(7) == timedelta(0)
     assert Backoff(5, 1.0, 300).delay(9) == timedelta(seconds=5)  # factor 1: constant
+    assert Backoff(0, 10.0, 0).delay(2**31 - 1) == timedelta(0)  # no overflow, still none
+    assert Backoff(5, 1.0, 300).delay(2**31 - 1) == timedelta(seconds=5)
+    assert Backoff(5, 10.0, 300).delay(2**31 - 1) == timedelta(seconds=300)
 
 
 @given(initial=st.integers(0, 86400), factor=st.floats(1.0, 10.0),
-       extra=st.integers(0, 86400), attempts=st.integers(1, 500))
+       extra=st.integers(0, 86400), attempts=st.integers(1, 2**31 - 2))
 def test_delay_is_monotonic_bounded_and_never_raises(initial: int, factor: float,
                                                       extra: int, attempts: int) -> None:
     backoff = Backoff(initial, factor, min(86400, initial + extra))
@@ -139,6 +163,7 @@ def test_claim_during_the_rest_names_the_time_and_succeeds_once_it_has_certainly
     with pytest.raises(LeaseNotReadyError) as err:
         decide_claim(o, "b", at(9.9), MARGIN)
     assert err.value.not_before == rest_end and err.value.attempts == 1
+    assert err.value.name == "job"
     assert "2026-12-02T12:00:10.000Z" in str(err.value) and "1 failed" in str(err.value)
     with pytest.raises(LeaseNotReadyError):  # midpoint past, earliest estimate not yet
         decide_claim(o, "b", at(10.1, error=0.2), MARGIN)
@@ -221,3 +246,70 @@ def test_monotonic_certain_is_the_first_instant_the_earliest_estimate_reaches_th
     if local - 1e-3 > 100.0 + rtt:
         assert clock.now(local - 1e-3).earliest < when  # not later than it needs to be
     assert local >= clock.monotonic_at(when)  # a claimer never wakes before a holder stops
+
+
+# --- claimable_at agrees with decide_claim --------------------------------------------------
+
+@st.composite
+def stored_leases(draw: st.DrawFn) -> Observed:
+    phase = draw(st.sampled_from(list(Phase)))
+    seconds = st.one_of(st.none(), st.integers(-60, 60))
+    until, rest = draw(seconds), draw(seconds)
+    status = LeaseStatus(
+        phase=phase, holder=draw(st.sampled_from([None, "a"])), generation=2, epoch=100,
+        attempts=draw(st.integers(0, 3)),
+        lease_until=None if until is None else T0 + timedelta(seconds=until),
+        not_before=None if rest is None else T0 + timedelta(seconds=rest))
+    return lease(status, backoff=draw(st.sampled_from([None, BACKOFF, Backoff(0, 1.0, 0)])),
+                 max_attempts=draw(st.sampled_from([None, 2, 10])))
+
+
+@given(stored_leases(), st.integers(-70, 130), st.sampled_from([0.0, 0.5]))
+def test_claimable_at_is_exactly_when_a_claim_stops_being_refused_as_held_or_resting(
+        o: Observed, t: int, error: float) -> None:
+    """A pool chooses by ``claimable_at`` and a claim is decided by ``decide_claim``: if they
+    disagreed, a worker would either ask for what is refused (Expired keeps its holder and
+    end, so it must not be treated as Held) or never choose what it could take. One case
+    decides before the wait: attempts already used up (``maxAttempts`` lowered meanwhile)
+    make any claim record Failed, so a pool that waits for the rest first loses nothing."""
+    now = at(t, error)
+    when = claimable_at(o, MARGIN)
+    refused: type[Exception] | None = None
+    try:
+        transition = decide_claim(o, "b", now, MARGIN)
+    except (LeaseHeldError, LeaseNotReadyError, LeaseFinishedError) as err:
+        refused = type(err)
+    if when is None:
+        assert refused is LeaseFinishedError
+    elif now.earliest >= when:
+        assert refused is None
+    elif refused is None:
+        assert transition is not None and transition.kind == "failed"
+    else:
+        assert refused in (LeaseHeldError, LeaseNotReadyError)
+
+
+def test_an_expired_lease_keeps_holder_and_end_and_is_claimable_at_once() -> None:
+    held = held_by("a", lease(backoff=None))
+    expired = decide_expire(held, at(31), MARGIN)
+    assert expired is not None
+    o = replace(held, status=expired.status)
+    assert (o.status.holder, o.status.lease_until) == ("a", T0 + timedelta(seconds=30))
+    assert claimable_at(o, MARGIN) == EARLIEST_TIME
+
+
+def test_a_lease_that_fails_while_resting_rests_no_more() -> None:
+    """Failed is final: a ``notBefore`` left over from the last rest would only mislead."""
+    o = lease(LeaseStatus(phase=Phase.EXPIRED, holder="a", generation=2, epoch=100,
+                          attempts=2, not_before=T0 + timedelta(seconds=50)), max_attempts=2)
+    t = decide_claim(o, "b", at(0), MARGIN)
+    assert t is not None and t.status.phase is Phase.FAILED and t.status.not_before is None
+
+
+def test_a_failed_status_message_fits_the_schemas_1024_characters() -> None:
+    held = held_by("a" * 1100, lease(max_attempts=1))
+    t = decide_expire(held, at(31), MARGIN)
+    assert t is not None and t.status.phase is Phase.FAILED
+    assert t.status.message == (f"generation 1 of {'a' * 1100!r} expired; 1 attempts used of "
+                                "maxAttempts 1")[:1024]
+    assert len(t.status.message) == 1024

@@ -19,6 +19,7 @@ from joblease.domain.holder import (
     MAX_RETRY_DELAY,
     MIN_RENEW_INTERVAL,
     RENEW_FRACTION,
+    ClaimDecider,
     Standing,
     finished_error,
     for_incarnation,
@@ -80,8 +81,10 @@ def test_a_wider_margin_moves_the_deadline_earlier_by_as_much() -> None:
 @pytest.mark.parametrize("status", [{"phase": "Completed"}, {"phase": "Available"},
                                     {"leaseUntil": None}])
 def test_a_claim_that_is_no_longer_held_or_has_no_end_ends_now(status: dict[str, Any]) -> None:
-    got = follow(observed(**status))
+    obs = observed(**status)
+    got = follow(obs)
     assert got.deadline == 5.0 and got.held is True
+    assert got.lease_until == obs.status.lease_until  # the end as stored, for the caller
 
 
 def test_a_resumed_claim_that_is_current_is_followed_like_a_held_one() -> None:
@@ -133,6 +136,38 @@ def test_a_write_that_failed_the_lease_is_reported_as_finished() -> None:
     assert isinstance(err, LeaseFinishedError)
     assert (err.name, err.phase, err.generation) == ("job", Phase.FAILED.value, 3)
     assert str(err).endswith("cannot be claimed again: 3 attempts used")
+
+
+# -- ClaimDecider ------------------------------------------------------------------------------
+
+def test_a_refused_write_that_only_recorded_used_up_attempts_reads_as_finished() -> None:
+    """The claimer's decision was "Failed" (bug 16): a 403 for that write means the lease
+    cannot be claimed again, said as the finished error naming the version decided from."""
+    last_attempt = Observed.from_object({  # b's lease ran out an hour ago: its 3rd attempt
+        "metadata": {"name": "job", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
+        "spec": {"leaseDurationSeconds": 30, "maxAttempts": 3},
+        "status": {"phase": "Held", "holder": "b", "generation": 3, "epoch": 100,
+                   "attempts": 2, "leaseUntil": "2026-12-03T11:00:00.000Z"}})
+    decider = ClaimDecider("a", timedelta(seconds=1), "cid-9")
+    assert decider.exhaustion_refused() is None  # nothing decided yet
+    transition = decider(last_attempt, ServerNow.exact(T0))
+    assert transition is not None and transition.kind == "failed"
+    assert decider.last is transition and decider.observed is last_attempt
+    err = decider.exhaustion_refused()
+    assert isinstance(err, LeaseFinishedError)
+    assert (err.name, err.phase, err.generation) == ("job", "Held", 3)
+    assert str(err) == (
+        "lease 'job' is Held at generation 3 and cannot be claimed again: 3 attempts used of "
+        "maxAttempts 3; this identity may not record it (holder-only admission policy): the "
+        "operator marks it Failed")
+
+
+def test_a_refused_ordinary_claim_is_not_turned_into_a_finished_error() -> None:
+    decider = ClaimDecider("a", timedelta(seconds=1), "cid-9")
+    transition = decider(observed(phase="Available", holder=None, claimId=None,
+                                  leaseUntil=None), ServerNow.exact(T0))
+    assert transition is not None and transition.kind == "claimed"
+    assert decider.exhaustion_refused() is None
 
 
 # -- cadence ------------------------------------------------------------------------------------

@@ -656,6 +656,8 @@ def test_not_found_gone_and_finished_detail_messages() -> None:
     finished = LeaseFinishedError("job", "Failed", 3, "maxAttempts 3 used")
     assert str(finished) == ("lease 'job' is Failed at generation 3 and cannot be claimed "
                              "again: maxAttempts 3 used")
+    assert str(LeaseFinishedError("job", "Completed", 2)) == (  # no detail: no dangling colon
+        "lease 'job' is Completed at generation 2 and cannot be claimed again")
 
 
 def test_held_error_without_an_end_says_unknown() -> None:
@@ -721,6 +723,8 @@ def test_unknown_clock_refuses_now_and_monotonic_at() -> None:
         clock.now(0.0)
     with pytest.raises(RuntimeError, match=msg):
         clock.monotonic_at(T0)
+    with pytest.raises(RuntimeError, match=msg):  # a waiting claimer's wake-up instant
+        clock.monotonic_certain(T0)
 
 
 def test_observe_refuses_receipt_before_sending_but_not_at_the_same_instant() -> None:

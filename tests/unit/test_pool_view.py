@@ -377,3 +377,51 @@ def test_excluded_names_are_not_chosen_so_sibling_threads_take_different_leases(
         assert chosen is not None and chosen.name not in taken
         taken.add(chosen.name)
     assert view.choose("same-worker", at(0), MARGIN, exclude=taken) is None
+
+
+def test_learning_a_newer_version_brings_a_set_aside_name_back_and_the_tried_one_does_not(
+        ) -> None:
+    view = PoolView()
+    view.replace([job("j", 100)], "100")
+    view.set_aside("j", "100")
+    view.learn(job("j", 100))  # the very version the failed claim was decided from
+    assert view.is_set_aside("j")
+    view.learn(job("j", 105))  # a fresh GET after the 409: not tried yet
+    assert not view.is_set_aside("j")
+    assert view.choose("w", at(0), MARGIN) is not None
+
+
+def test_a_deleted_name_leaves_nothing_behind_not_even_its_set_aside_mark() -> None:
+    """A long-running worker's view must not grow with every job ever refused and deleted."""
+    view = PoolView()
+    view.replace([job("j", 100)], "100")
+    view.set_aside("j", "100")
+    view.apply("DELETED", job("j", 101))
+    assert view.get("j") is None and not view.is_set_aside("j") and len(view) == 0
+
+
+def test_an_unparsable_resource_version_is_taken_as_newer() -> None:
+    """resourceVersions are opaque by contract: what cannot be ordered must not be dropped."""
+    view = PoolView()
+    view.replace([job("j", 100)], "100")
+    newer = replace(job("j", 100, phase=Phase.HELD, until=30), resource_version="x-101")
+    view.apply("MODIFIED", newer)
+    assert view.get("j") == newer
+    learned = replace(newer, resource_version="x-102")
+    view.learn(learned)
+    assert view.get("j") == learned
+
+
+def test_fifo_follows_the_creation_timestamp_the_server_stored_not_the_name() -> None:
+    def stored(name: str, created: str) -> Observed:
+        return Observed.from_object({
+            "metadata": {"name": name, "namespace": "ns", "uid": f"u-{name}",
+                         "resourceVersion": "7", "creationTimestamp": created},
+            "spec": {}, "status": {"phase": "Available"}})
+
+    older = stored("zz-older", "2026-12-02T11:00:00Z")
+    assert older.created == datetime(2026, 12, 2, 11, 0, tzinfo=UTC)
+    view = PoolView()
+    view.replace([stored("aa-newer", "2026-12-02T11:30:00Z"), older], "7")
+    assert [o.name for o in view.candidates(at(0), MARGIN)] == ["zz-older", "aa-newer"]
+    assert view.choose("w", at(0), MARGIN, spread=1) == older

@@ -16,12 +16,14 @@ from joblease.domain.clock import DEFAULT_DRIFT, ServerNow
 from joblease.domain.errors import (
     LeaseExpiredError,
     LeaseFinishedError,
+    LeaseGoneError,
     LeaseHeldError,
     LeaseNotReadyError,
     StaleLeaseError,
     format_time,
 )
 from joblease.domain.token import FencingToken
+from joblease.kube.api import ForbiddenError, UnavailableError
 from joblease.sdk.client import DEFAULT_MARGIN, IDENTITY_HOLDER, LeaseClient, default_holder
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
 
@@ -187,3 +189,127 @@ def test_wait_claim_gives_up_with_the_not_ready_error() -> None:
     with pytest.raises(LeaseNotReadyError) as err:
         client.wait_claim("job", "b", timeout=0.05)
     assert err.value.attempts == 2
+
+
+def test_a_forbidden_claim_that_only_recorded_used_up_attempts_is_a_finished_error() -> None:
+    """Bug 16 in the client: the holder-only policy refuses the claimer's Failed write (403);
+    the caller learns that the lease cannot be claimed again, not that it lacks a right."""
+    api, client = client_for(leaseDurationSeconds=10, maxAttempts=1)
+    client.claim("job", "a")
+    later(api, 11)
+    api.refuse_next = [ForbiddenError(403, "Forbidden", "only the holder may renew")]
+    with pytest.raises(LeaseFinishedError) as err:
+        client.claim("job", "b")
+    assert isinstance(err.value.__cause__, ForbiddenError)
+    assert "the operator marks it Failed" in str(err.value)
+    assert api.stored("ns", "job")["status"]["phase"] == "Held"  # type: ignore[index]
+
+
+def test_a_forbidden_ordinary_claim_stays_forbidden() -> None:
+    api, client = client_for()
+    refusal = ForbiddenError(403, "Forbidden", "holder must be the requesting user")
+    api.refuse_next = [refusal]
+    with pytest.raises(ForbiddenError) as err:
+        client.claim("job", "b")
+    assert err.value is refusal
+
+
+# -- the package's lazy names ------------------------------------------------------------------
+
+def test_the_lazily_loaded_names_are_the_defining_modules_own() -> None:
+    """``from joblease.sdk import Pool`` (and the holdings) load their modules on first use;
+    each name must still be the very class the module defines, and a typo must say so."""
+    import joblease.sdk as sdk
+    from joblease.domain.errors import PoolClosedError
+    from joblease.sdk import hold, pool
+
+    for name in ("AsyncHolding", "Holding", "RenewalStoppedError"):
+        assert getattr(sdk, name) is getattr(hold, name)
+    assert sdk.Pool is pool.Pool
+    assert sdk.PoolClosedError is PoolClosedError
+    with pytest.raises(AttributeError) as err:
+        sdk.Holdings  # noqa: B018
+    assert str(err.value) == "module 'joblease.sdk' has no attribute 'Holdings'"
+
+
+# -- claim ids, deletion, wait_claim -----------------------------------------------------------
+
+def test_a_claim_carries_a_fresh_claim_id_or_the_one_given() -> None:
+    api, client = client_for()
+    lease = client.claim("job", "a")
+    assert lease.claim_id and len(lease.claim_id) == 32
+    assert api.stored("ns", "job")["status"]["claimId"] == lease.claim_id  # type: ignore[index]
+    lease.release()
+    again = client.claim("job", "a", claim_id="mine")
+    assert again.claim_id == "mine" and again.claim.claim_id == "mine"
+
+
+def test_a_claim_decided_from_a_given_version_skips_the_read() -> None:
+    api, client = client_for()
+    seen = client.get("job")
+    api.requests.clear()
+    client.claim("job", "a", observed=seen)
+    assert [method for method, _ in api.requests] == ["PATCH"]
+
+
+def test_a_deleted_lease_is_lost_as_gone() -> None:
+    api, client = client_for()
+    lease = client.claim("job", "a")
+    del api.objects[("ns", "job")]
+    lease._observed = None  # as after a lost answer: the next operation reads first
+    with pytest.raises(LeaseGoneError) as err:
+        lease.renew()
+    assert lease.loss is err.value
+    assert str(err.value) == "JobLease ns/job held by this caller is gone: deleted"
+
+
+def test_wait_claim_retries_with_one_claim_id_and_sleeps_until_the_holders_end(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    api, client = client_for(leaseDurationSeconds=10)
+    client.claim("job", "a")
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        later(api, sum(slept))
+
+    monkeypatch.setattr("joblease.sdk.client.time.sleep", sleep)
+    lease = client.wait_claim("job", "b", timeout=60, poll=4.0)
+    assert lease.holder == "b" and lease.generation == 2
+    # polls of 4 s, then the rest until leaseUntil + margin has certainly passed
+    assert slept == pytest.approx([4.0, 4.0, 2.0 + DEFAULT_MARGIN.total_seconds()])
+
+
+def test_wait_claim_retries_an_unreachable_server_each_second_at_most_until_told_to_stop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    api, client = client_for()
+    clock = {"now": 0.0}
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock["now"] += seconds
+
+    monkeypatch.setattr("joblease.sdk.client.time.sleep", sleep)
+    monkeypatch.setattr("joblease.sdk.client.time.monotonic", lambda: clock["now"])
+    api.refuse_next = [UnavailableError(0, "Unavailable", "reset")] * 100
+    with pytest.raises(UnavailableError):
+        client.wait_claim("job", "b", timeout=60, poll=5.0, retry_unavailable=3.0)
+    assert slept == [1.0, 1.0, 1.0]  # min(poll, 1 s); gives up once 3 s have passed
+    api.refuse_next = []
+    slept.clear()
+    real_request, lost = api.request, [UnavailableError(0, "Unavailable", "reset")] * 2
+
+    def request(method: str, path: str, body: object = None, **kwargs: object) -> object:
+        answer = real_request(method, path, body, **kwargs)  # type: ignore[arg-type]
+        if lost and (method == "PATCH" or len(lost) == 1):
+            raise lost.pop()  # the claim's write lands; its answer and the re-read's are lost
+        return answer
+
+    monkeypatch.setattr(api, "request", request)
+    api.requests.clear()
+    lease = client.wait_claim("job", "b", timeout=60, poll=0.25)
+    assert slept == [0.25]
+    # the retry carries the same claim id, so it adopts the write that landed
+    assert (lease.holder, lease.generation) == ("b", 1)
+    assert [method for method, _ in api.requests] == ["GET", "PATCH", "GET", "GET"]

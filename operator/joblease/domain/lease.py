@@ -98,14 +98,18 @@ class Backoff:
     max_seconds: int = 300
 
     def delay(self, attempts: int) -> timedelta:
-        """The rest after the ``attempts``-th failed attempt: initial * factor**(n-1), capped."""
-        if attempts <= 0:
+        """The rest after the ``attempts``-th failed attempt: initial * factor**(n-1), capped.
+
+        In closed form, for every count: a loop bounded to 64 steps stopped the growth there,
+        far below the cap for a factor near 1 (bug 18). A count whose power overflows a
+        float is past any cap (the schema's factor is at least 1).
+        """
+        if attempts <= 0 or self.initial_seconds <= 0:
             return timedelta(0)
-        seconds = float(self.initial_seconds)
-        for _ in range(min(attempts - 1, 64)):  # bounded: factor >= 1, the cap stops it anyway
-            seconds *= self.factor
-            if seconds >= self.max_seconds:
-                break
+        try:
+            seconds = self.initial_seconds * self.factor ** (attempts - 1)
+        except OverflowError:
+            seconds = float(self.max_seconds)
         return timedelta(seconds=min(seconds, float(self.max_seconds)))
 
     @classmethod
