@@ -89,6 +89,7 @@ def test_no_failed_attempt_means_no_rest_and_zero_initial_means_none_ever() -> N
     assert Backoff(0, 10.0, 0).delay(7) == timedelta(0)
     assert Backoff(5, 1.0, 300).delay(9) == timedelta(seconds=5)  # factor 1: constant
     assert Backoff(0, 10.0, 0).delay(2**31 - 1) == timedelta(0)  # no overflow, still none
+    assert Backoff(0, 10.0, 300).delay(2**31 - 1) == timedelta(0)  # whatever the cap
     assert Backoff(5, 1.0, 300).delay(2**31 - 1) == timedelta(seconds=5)
     assert Backoff(5, 10.0, 300).delay(2**31 - 1) == timedelta(seconds=300)
 
