@@ -425,3 +425,31 @@ def test_fifo_follows_the_creation_timestamp_the_server_stored_not_the_name() ->
     view.replace([stored("aa-newer", "2026-12-02T11:30:00Z"), older], "7")
     assert [o.name for o in view.candidates(at(0), MARGIN)] == ["zz-older", "aa-newer"]
     assert view.choose("w", at(0), MARGIN, spread=1) == older
+
+
+def test_a_worker_holding_two_leases_stays_active_until_it_holds_none() -> None:
+    """Threads of one worker share its name: the window counts the worker, not its leases,
+    and must not forget it while it still holds one."""
+    view = PoolView()
+    view.replace([job(f"j{i}", created=i) for i in range(3)], "1")
+    for name in ("j0", "j1"):
+        claimed = view.get(name)
+        assert claimed is not None
+        view.learn(replace(claimed, resource_version="200", status=replace(
+            claimed.status, phase=Phase.HELD, holder="w", lease_until=T0 + timedelta(seconds=60))))
+    assert view.active_holders() == 1
+    done = view.get("j0")
+    assert done is not None
+    view.apply("MODIFIED", replace(done, resource_version="300",
+                                   status=replace(done.status, phase=Phase.COMPLETED)))
+    assert view.active_holders() == 1  # still holds j1
+    view.apply("DELETED", replace(view.get("j1"), resource_version="301"))  # type: ignore[type-var]
+    assert view.active_holders() == 0
+
+
+def test_a_spread_below_one_still_chooses_strictly_first() -> None:
+    view = PoolView()
+    view.replace([job("late", created=5), job("early", created=1)], "1")
+    assert view.window(0) == 1
+    chosen = view.choose("w", at(0), MARGIN, spread=0)
+    assert chosen is not None and chosen.name == "early"
