@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.kube.api import clock_from_env
+from joblease.kube.api import clock_from_env, kubernetes_configuration
 from joblease.kube.requests import (
     DEFAULT_TIMEOUT,
     ApiRequest,
@@ -82,24 +82,13 @@ def load_connection(path: str | None = None, context: str | None = None) -> Conn
 
     Blocking (files, and an exec plugin if the kubeconfig names one): :class:`AsyncKubeApi`
     runs it in a worker thread. The same sources, in the same order, as
-    ``KubeApi.from_kubeconfig``.
+    ``KubeApi.from_kubeconfig``: both read them with ``kubernetes_configuration``.
 
     Raises:
         kubernetes.config.ConfigException: neither a kubeconfig nor an in-cluster
             configuration exists (not wrapped, as for ``KubeApi``).
     """
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    configuration = k8s_client.Configuration()
-    try:
-        k8s_config.load_kube_config(config_file=path, context=context,
-                                    client_configuration=configuration)
-    except k8s_config.ConfigException:
-        if path is not None:
-            raise
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    return connection_from(configuration)
+    return connection_from(kubernetes_configuration(path, context))
 
 
 def connection_from(configuration: Any) -> Connection:

@@ -89,6 +89,32 @@ def clock_from_env(environ: dict[str, str] | None = None) -> ServerClock:
                        track_ttl=seconds(CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL))
 
 
+def kubernetes_configuration(path: str | None = None, context: str | None = None) -> Any:
+    """A ``kubernetes.client.Configuration`` from a kubeconfig, else the pod's ServiceAccount.
+
+    ``path`` (default ``$KUBECONFIG``, then ``~/.kube/config``) and ``context``; only when no
+    path was given and no kubeconfig exists, the in-cluster configuration. The one place
+    both clients (``KubeApi`` and ``joblease.kube.aioapi``) read their credentials from.
+    Blocking (files, and an exec plugin if the kubeconfig names one).
+
+    Raises:
+        kubernetes.config.ConfigException: neither a kubeconfig nor an in-cluster
+            configuration exists, or the named one is unusable.
+    """
+    from kubernetes import client as k8s_client
+    from kubernetes import config as k8s_config
+
+    configuration = k8s_client.Configuration()
+    try:
+        k8s_config.load_kube_config(config_file=path, context=context,
+                                    client_configuration=configuration)
+    except k8s_config.ConfigException:
+        if path is not None:
+            raise
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    return configuration
+
+
 class KubeApi:
     """A thread-safe HTTP client bound to one cluster identity, with a server-clock estimate.
 
@@ -112,16 +138,8 @@ class KubeApi:
     def from_kubeconfig(cls, path: str | None = None, context: str | None = None) -> KubeApi:
         """Build from a kubeconfig file (``$KUBECONFIG`` by default) or, in a pod, in-cluster."""
         from kubernetes import client as k8s_client
-        from kubernetes import config as k8s_config
 
-        configuration = k8s_client.Configuration()
-        try:
-            k8s_config.load_kube_config(config_file=path, context=context,
-                                        client_configuration=configuration)
-        except k8s_config.ConfigException:
-            if path is not None:
-                raise
-            k8s_config.load_incluster_config(client_configuration=configuration)
+        configuration = kubernetes_configuration(path, context)
         configuration.retries = False  # we decide what to retry: a 409 is never retried blindly
         return cls(k8s_client.ApiClient(configuration))
 
