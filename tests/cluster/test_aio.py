@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 
 from joblease.aio import AsyncLease, AsyncLeaseClient
 from joblease.domain.errors import (
@@ -30,7 +29,7 @@ from joblease.domain.errors import (
 )
 from joblease.domain.lease import Phase
 from joblease.sdk.client import LeaseClient
-from support.hangproxy import HangingProxy
+from support.hangproxy import HangingProxy, api_port, kubeconfig_via
 
 T = TypeVar("T")
 # seconds: a callback that runs longer blocked the loop (asyncio's debug check, by wall time).
@@ -165,8 +164,8 @@ def test_a_holding_declares_the_loss_by_its_deadline_when_the_server_hangs(
     """Connections stay open but nothing comes back: the watchdog, not a request timeout,
     ends the hold, by the lease's local deadline, and the body is cancelled."""
     leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 3})
-    with HangingProxy(_api_port(cluster)) as proxy:
-        kubeconfig = _kubeconfig_via(cluster, proxy.port, tmp_path)
+    with HangingProxy(api_port(cluster)) as proxy:
+        kubeconfig = kubeconfig_via(cluster, proxy.port, tmp_path)
 
         async def main() -> tuple[float, float, LeaseLostError, int]:
             async with AsyncLeaseClient(leases.namespace, kubeconfig=str(kubeconfig)
@@ -399,16 +398,3 @@ class _SlowCallbacks(logging.Handler):
             logger.removeHandler(self)
 
 
-def _kubeconfig_via(cluster: Any, port: int, tmp_path: Path) -> Path:
-    config = yaml.safe_load(Path(cluster.kubeconfig_for("admin")).read_text())
-    for entry in config["clusters"]:
-        server = entry["cluster"]["server"]
-        entry["cluster"]["server"] = server.rsplit(":", 1)[0] + f":{port}"
-    path = tmp_path / "kubeconfig-proxy"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _api_port(cluster: Any) -> int:
-    config = yaml.safe_load(Path(cluster.kubeconfig_for("admin")).read_text())
-    return int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])

@@ -20,14 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from joblease import LeaseLostError, Phase
 from joblease.domain.lease import parse_time
 from joblease.kube.api import InvalidError, KubeApi, UnavailableError
 from joblease.kube.leases import lease_path
 from joblease.sdk.client import LeaseClient
-from support.hangproxy import HangingProxy
+from support.hangproxy import HangingProxy, api_port, kubeconfig_via
 
 JOBLEASE = [sys.executable, "-m", "joblease.cli"]
 MERGE = "application/merge-patch+json"
@@ -151,19 +150,6 @@ def _wait(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 # -- items 3, 4, 5: the command under `joblease run` never outlives its lease -------------
 
-def _kubeconfig_via(cluster: Any, port: int, tmp_path: Path) -> Path:
-    config = yaml.safe_load(Path(cluster.kubeconfig_for("admin")).read_text())
-    for entry in config["clusters"]:
-        server = entry["cluster"]["server"]
-        entry["cluster"]["server"] = server.rsplit(":", 1)[0] + f":{port}"
-    path = tmp_path / "kubeconfig-proxy"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _api_port(cluster: Any) -> int:
-    config = yaml.safe_load(Path(cluster.kubeconfig_for("admin")).read_text())
-    return int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
 
 
 class Run:
@@ -255,8 +241,8 @@ def test_a_hung_api_server_stops_the_command_at_its_deadline(
     """Item 4: the API server stops answering (connections open, no bytes back). The
     command must be stopped by the lease's end, not a request timeout later."""
     leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 4})
-    with HangingProxy(_api_port(cluster)) as proxy:
-        run = Run(_kubeconfig_via(cluster, proxy.port, tmp_path), leases.namespace,
+    with HangingProxy(api_port(cluster)) as proxy:
+        run = Run(kubeconfig_via(cluster, proxy.port, tmp_path), leases.namespace,
                   tmp_path, seconds=60)
         runs.append(run)
         proxy.hang()

@@ -12,6 +12,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
 
 from joblease_localcluster.lb import HOST, LoopbackServer, relay
 
@@ -49,3 +53,20 @@ class HangingProxy(LoopbackServer):
             relay(client, backend, self._stop, cut=self._hung)
         if self._hung.is_set():
             self._stop.wait()  # accepted (or cut), never answered: silent until stopped
+
+
+def api_port(cluster: Any) -> int:
+    """The port of ``cluster``'s API server, as its admin kubeconfig names it."""
+    config = yaml.safe_load(Path(cluster.kubeconfig_for("admin")).read_text())
+    return int(config["clusters"][0]["cluster"]["server"].rsplit(":", 1)[1])
+
+
+def kubeconfig_via(cluster: Any, port: int, tmp_path: Path) -> Path:
+    """The admin kubeconfig of ``cluster``, pointed at ``port`` on the same host (a proxy)."""
+    config = yaml.safe_load(Path(cluster.kubeconfig_for("admin")).read_text())
+    for entry in config["clusters"]:
+        server = entry["cluster"]["server"]
+        entry["cluster"]["server"] = server.rsplit(":", 1)[0] + f":{port}"
+    path = tmp_path / "kubeconfig-proxy"
+    path.write_text(yaml.safe_dump(config))
+    return path
