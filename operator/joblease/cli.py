@@ -277,12 +277,18 @@ def _cmd_get(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _command(args: argparse.Namespace, usage: str) -> list[str]:
+    """The command after ``--`` (``run`` and ``work``); empty after printing the usage."""
+    command: list[str] = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not command:
+        print(f"joblease {args.command}: no command given (use: {usage})", file=sys.stderr)
+    return command
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from joblease.runner import run_under_lease
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    command = _command(args, "joblease run --lease NAME -- CMD ARGS…")
     if not command:
-        print("joblease run: no command given (use: joblease run --lease NAME -- CMD ARGS…)",
-              file=sys.stderr)
         return EXIT_USAGE
     client = _client(args, calibrate=True, one_shot=False)
     lease = client.wait_claim(args.lease, args.holder, timeout=args.wait,
@@ -299,10 +305,8 @@ def _cmd_work(args: argparse.Namespace) -> int:
     import signal
 
     from joblease.worker_pool import WorkOptions, WorkPool
-    command = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    command = _command(args, "joblease work -l SELECTOR -- CMD ARGS…")
     if not command:
-        print("joblease work: no command given (use: joblease work -l SELECTOR -- CMD ARGS…)",
-              file=sys.stderr)
         return EXIT_USAGE
     client = _client(args, calibrate=True, one_shot=False)
     client.calibrate()  # once, before the first claim, rather than in the first slot's claim
