@@ -32,7 +32,7 @@ from joblease.domain.errors import (
 )
 from joblease.domain.holder import retry_delay
 from joblease.domain.lease import Observed
-from joblease.domain.pool import DEFAULT_SPREAD, PoolView
+from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
 from joblease.kube.api import ApiError, ConflictError, GoneError, UnavailableError
 from joblease.kube.identity import new_claim_id
 from joblease.kube.transact import MAX_CONFLICTS, ContentionError
@@ -165,10 +165,8 @@ class AsyncPool:
             if left is not None and left <= 0:
                 return None
             wake = self.view.next_wake(now, margin)
-            # the first local instant the *earliest* server time reaches it: what the
-            # claim's decision judges (ServerClock.monotonic_certain; as joblease.sdk.Pool)
             wait = None if wake is None else max(
-                MIN_WAIT, api.clock.monotonic_certain(wake) - api.monotonic() + 0.001)
+                MIN_WAIT, seconds_until_wake(api.clock, wake, api.monotonic()))
             await _until(changed, _least(wait, left))  # 5
 
     async def _wait_synced(self, end: float | None) -> None:

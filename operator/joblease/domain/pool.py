@@ -68,7 +68,7 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from joblease.domain.clock import ServerNow
+from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.lease import EARLIEST_TIME, Observed, Phase, claimable_at
 
 DEFAULT_SPREAD = 32
@@ -294,3 +294,13 @@ def _newer(obs: Observed, current: Observed) -> bool:
         return int(obs.resource_version) >= int(current.resource_version)
     except ValueError:
         return True
+
+
+def seconds_until_wake(clock: ServerClock, wake: datetime, now: float) -> float:
+    """Local seconds from ``now`` until the *earliest* server time has certainly reached ``wake``.
+
+    That is what a claim's decision judges (``ServerClock.monotonic_certain``), so a pool
+    that wakes earlier finds nothing claimable; the millisecond on top absorbs float
+    rounding. Shared by ``joblease.sdk.Pool`` and ``joblease.aio.AsyncPool``.
+    """
+    return clock.monotonic_certain(wake) - now + 0.001

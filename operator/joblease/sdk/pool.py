@@ -39,7 +39,7 @@ from joblease.domain.errors import (
     PoolClosedError,
 )
 from joblease.domain.lease import Observed
-from joblease.domain.pool import DEFAULT_SPREAD, PoolView
+from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
 from joblease.kube.api import ApiError, ConflictError, UnavailableError
 from joblease.kube.pool import WATCH_SECONDS, LeaseFeed
 from joblease.kube.transact import ContentionError, Outcome
@@ -259,18 +259,13 @@ class Pool:
         self._changed.wait_for(lambda: self._changes != seen or self._closed, timeout=timeout)
 
     def _seconds_to_wait(self, wake: datetime | None, deadline: float | None) -> float | None:
-        """Until the next wake-up (server time) or the deadline, whichever is first.
-
-        The wake-up is the first local instant at which the *earliest* server time has
-        reached it (``ServerClock.monotonic_certain``), because that is what the claim's
-        decision will judge; the millisecond on top absorbs float rounding.
-        """
+        """Until the next wake-up (server time, ``seconds_until_wake``) or the deadline."""
         waits = []
         if deadline is not None:
             waits.append(deadline - time.monotonic())
         if wake is not None:
-            local = self._client.api.clock.monotonic_certain(wake)
-            waits.append(local - self._client.api.monotonic() + 0.001)
+            api = self._client.api
+            waits.append(seconds_until_wake(api.clock, wake, api.monotonic()))
         return max(0.0, min(waits)) if waits else None
 
     def _wait_synced(self, deadline: float | None) -> None:
