@@ -23,10 +23,11 @@ import joblease.domain.lease as lease_module
 import joblease.domain.pool as pool_module
 from joblease.controller.pods import Delegator
 from joblease.controller.reconciler import Reconciler
+from joblease.core.steps import drive
 from joblease.domain import holder as holder_module  # ClaimDecider calls decide_claim
 from joblease.domain.clock import ServerClock
+from joblease.domain.errors import LeaseLostError
 from joblease.domain.lease import EARLIEST_TIME, Claim, LeaseSpec, LeaseStatus, Observed
-from joblease.sdk import client as client_module
 from joblease.sdk.client import Lease
 
 from .sim import Config, Simulation, Worker, shrink
@@ -83,24 +84,24 @@ def test_rediscovers_adopting_another_incarnations_token(monkeypatch: pytest.Mon
 
     old_apply = Lease._apply
 
-    def adopt(self: Lease, outcome: Any, resumed: bool = False) -> None:
+    def adopt(self: Lease, outcome: Any, now: Any, resumed: bool = False) -> None:
         self.token = outcome.observed.status.token()  # the old SDK overwrote its token
         self.uid = outcome.observed.uid
-        old_apply(self, outcome, resumed)
+        old_apply(self, outcome, now, resumed)
 
     monkeypatch.setattr(lease_module, "_same_claim", old_same_claim)
     monkeypatch.setattr(Lease, "_apply", adopt)
-    monkeypatch.setattr(Lease, "_do", _without_uid_check(Lease._do))
+    monkeypatch.setattr(Lease, "_op_steps", _without_uid_check(Lease._op_steps))
     config = Config(workers=4, leases=1, shared_holder=True, duration=3, recreate=0.3,
                     seconds=30)
     _record("1 token adopted across incarnations", "c", _find("c", config, 200))
 
 
-def _without_uid_check(do: Callable[..., None]) -> Callable[..., None]:
-    def patched(self: Lease, decide: Any, until_deadline: bool = False) -> None:
+def _without_uid_check(op_steps: Callable[..., Any]) -> Callable[..., Any]:
+    def patched(self: Lease, decide: Any, until_deadline: bool = False) -> Any:
         with contextlib.suppress(Exception):  # the old SDK pinned no uid: follow the name
             self.uid = self._client.get(self.name).uid
-        do(self, decide, until_deadline)
+        return op_steps(self, decide, until_deadline)
     return patched
 
 
@@ -138,7 +139,7 @@ def test_rediscovers_a_renewal_loop_that_dies_silently(monkeypatch: pytest.Monke
             return
         try:
             lease.renew()
-        except client_module.LeaseLostError:
+        except LeaseLostError:
             self.lose()
             return
         except Exception:
@@ -156,7 +157,8 @@ def test_rediscovers_a_renewal_loop_that_dies_silently(monkeypatch: pytest.Monke
 def test_rediscovers_a_hung_request_delaying_the_stop(monkeypatch: pytest.MonkeyPatch) -> None:
     def unbounded(self: Lease) -> None:
         claim = self.claim
-        self._do(lambda obs, now, m: lease_module.decide_renew(obs, claim, now, m))
+        drive(self._op_steps(lambda obs, now, m: lease_module.decide_renew(obs, claim, now, m)),
+              self._client._port)
 
     monkeypatch.setattr(Lease, "renew", unbounded)
     original_claim = Worker.claim
@@ -202,7 +204,7 @@ def test_a_failure_shrinks_to_a_smaller_configuration(monkeypatch: pytest.Monkey
         return st.holder == claim.holder and st.generation == claim.token.generation
 
     monkeypatch.setattr(lease_module, "_same_claim", old_same_claim)
-    monkeypatch.setattr(Lease, "_do", _without_uid_check(Lease._do))
+    monkeypatch.setattr(Lease, "_op_steps", _without_uid_check(Lease._op_steps))
     config = Config(workers=5, leases=3, shared_holder=True, duration=3, recreate=0.3,
                     seconds=40, crash=0.01, faults=Faults(request_lost=0.02))
     seed = next(s for s in range(200)
@@ -274,9 +276,9 @@ def test_rediscovers_a_completion_adopted_from_another_claim(
 
     old_apply = Lease._apply
 
-    def adopt(self: Lease, outcome: Any, resumed: bool = False) -> None:
+    def adopt(self: Lease, outcome: Any, now: Any, resumed: bool = False) -> None:
         self.token = outcome.observed.status.token()
-        old_apply(self, outcome, resumed)
+        old_apply(self, outcome, now, resumed)
 
     monkeypatch.setattr(lease_module, "_completed_by", any_completion)
     monkeypatch.setattr(Lease, "_apply", adopt)

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from joblease.core.feed import UNFINISHED, LeaseFeed
 from joblease.domain.lease import Observed
 from joblease.domain.pool import PoolView
 from joblease.kube.api import ForbiddenError, GoneError, InvalidError, WatchStream
 from joblease.kube.leases import LeaseStore
-from joblease.kube.pool import UNFINISHED, LeaseFeed
 
 
 def obj(name: str, rv: int, phase: str = "Available") -> dict[str, Any]:
@@ -67,8 +67,8 @@ class ScriptedApi:
     feed: LeaseFeed | None = None
     sent: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
-    def request(self, method: str, path: str, *, query: dict[str, str], timeout: float = 0
-                ) -> Body:
+    def request(self, method: str, path: str, body: Any = None, *, query: dict[str, str],
+                content_type: str | None = None, timeout: float = 0) -> Body:
         self.sent.append(("list", dict(query)))
         answer = self.lists.pop(0)
         if isinstance(answer, Exception):

@@ -17,7 +17,6 @@ from joblease.kube.leases import (
     list_call,
     read_call,
     status_write_call,
-    watch_query,
 )
 from joblease.kube.requests import (
     JSON,
@@ -94,10 +93,9 @@ def test_list_pages_and_watches_carry_the_selector_and_resume_point() -> None:
     assert (page.items, page.resource_version, page.next_token) == ([{"a": 1}], "9", "next")
     last = call.parse({"metadata": {"resourceVersion": "9"}})
     assert (last.items, last.next_token) == ([], "")
-    assert watch_query("9", "pool=p", 30) == {
-        "watch": "1", "resourceVersion": "9", "allowWatchBookmarks": "true",
-        "timeoutSeconds": "30", "labelSelector": "pool=p"}
-    assert "labelSelector" not in watch_query("9")
+    filtered = list_call("ns", "pool=p", field_selector="status.phase!=Completed")
+    assert filtered.query == {"limit": "500", "labelSelector": "pool=p",
+                              "fieldSelector": "status.phase!=Completed"}
 
 
 # -- answers -----------------------------------------------------------------------------------

@@ -177,7 +177,7 @@ def test_wait_claim_sleeps_until_a_backoff_ends_then_claims(
         slept.append(seconds)
         later(api, sum(slept))
 
-    monkeypatch.setattr("joblease.sdk.client.time.sleep", sleep)
+    monkeypatch.setattr("joblease.core.steps.time.sleep", sleep)
     lease = client.wait_claim("job", "b", timeout=60, poll=0.5)
     assert lease.generation == 1
     assert slept == [pytest.approx(7.0)]  # one sleep to notBefore, not a poll every 0.5 s
@@ -273,7 +273,7 @@ def test_wait_claim_retries_with_one_claim_id_and_sleeps_until_the_holders_end(
         slept.append(seconds)
         later(api, sum(slept))
 
-    monkeypatch.setattr("joblease.sdk.client.time.sleep", sleep)
+    monkeypatch.setattr("joblease.core.steps.time.sleep", sleep)
     lease = client.wait_claim("job", "b", timeout=60, poll=4.0)
     assert lease.holder == "b" and lease.generation == 2
     # polls of 4 s, then the rest until leaseUntil + margin has certainly passed
@@ -290,8 +290,8 @@ def test_wait_claim_retries_an_unreachable_server_each_second_at_most_until_told
         slept.append(seconds)
         clock["now"] += seconds
 
-    monkeypatch.setattr("joblease.sdk.client.time.sleep", sleep)
-    monkeypatch.setattr("joblease.sdk.client.time.monotonic", lambda: clock["now"])
+    monkeypatch.setattr("joblease.core.steps.time.sleep", sleep)
+    monkeypatch.setattr(api, "monotonic", lambda: clock["now"])
     api.refuse_next = [UnavailableError(0, "Unavailable", "reset")] * 100
     with pytest.raises(UnavailableError):
         client.wait_claim("job", "b", timeout=60, poll=5.0, retry_unavailable=3.0)

@@ -1,60 +1,38 @@
 """The asyncio worker client: claim a JobLease, renew it, complete or release it — awaited.
 
-The same protocol as ``joblease.sdk`` with nothing decided twice: the decisions are
-``joblease.domain.lease``'s, the read–decide–write loop is ``joblease.kube.transact``'s
-(driven by :func:`~joblease.kube.transact.atransact`), the requests are
-``joblease.kube.leases``' calls, and what a holder concludes from an answer (the local
-deadline, the token guard) is ``joblease.domain.holder``'s. What differs is only how the
-requests travel (``AsyncKubeApi``, aiohttp) and how waiting is done (``asyncio.sleep``,
-never ``time.sleep``): no call here blocks the event loop, and no thread is started per
-lease.
+The same protocol as ``joblease.sdk`` with nothing decided twice: the operations are
+``joblease.core.ops``' (``ClientCore``, ``LeaseCore``), written once as sans-IO steps that
+this module only awaits (``joblease.core.steps.adrive``), so the two clients cannot drift
+apart. What differs is only how the requests travel (``AsyncKubeApi``, aiohttp) and how
+waiting is done (``asyncio.sleep``, never ``time.sleep``): no call here blocks the event
+loop, and no thread is started per lease.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
 
 from joblease.aio.hold import AsyncLeaseHolding
 from joblease.aio.pool import AsyncPool
+from joblease.core.ops import ClientCore, LeaseCore
+from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import (
-    LeaseGoneError,
-    LeaseHeldError,
-    LeaseLostError,
-    LeaseNotFoundError,
-)
-from joblease.domain.holder import (
-    DEFAULT_MARGIN,
-    IDENTITY_HOLDER,
-    RENEW_FRACTION,
-    ClaimDecider,
-    finished_error,
-    for_incarnation,
-    seconds_until_claimable,
-    standing,
-)
-from joblease.domain.lease import (
-    Claim,
-    Observed,
-    Transition,
-    decide_complete,
-    decide_release,
-    decide_renew,
-)
+from joblease.domain.holder import DEFAULT_MARGIN, RENEW_FRACTION
+from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
 from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.aioleases import AsyncLeaseStore
-from joblease.kube.api import ForbiddenError, UnavailableError
-from joblease.kube.identity import default_holder, new_claim_id
-from joblease.kube.transact import MAX_CONFLICTS, Outcome, atransact
+from joblease.kube.transact import MAX_CONFLICTS, Outcome
 
 
-class AsyncLeaseClient:
+class AsyncLeaseClient(ClientCore["AsyncLease"]):
     """Claims JobLeases in one namespace as one identity, from asyncio code.
+
+    Its operations are ``joblease.core.ops.ClientCore``'s, shared with ``LeaseClient``;
+    this class awaits them and owns what is concurrency: the calibration lock and pools.
 
     Use it as ``async with AsyncLeaseClient(...) as client:`` (or ``await client.close()``):
     it closes the ``AsyncKubeApi`` it built itself; one passed in as ``api`` belongs to the
@@ -92,6 +70,7 @@ class AsyncLeaseClient:
         self._identity: str | None = None
         self._pools: dict[str | None, AsyncPool] = {}
         self._closed = False
+        self._port = AsyncPort(self.store, calibrate=self._calibrate_if_due)
 
     async def calibrate(self) -> timedelta:
         """Narrow the server-clock estimate to about a round trip; return the error bound.
@@ -144,14 +123,14 @@ class AsyncLeaseClient:
                         tb: TracebackType | None) -> None:
         await self.close()
 
+    @property
+    def _clocks(self) -> AsyncKubeApi:
+        """The transport's clocks (local monotonic and the server-clock estimate)."""
+        return self.api
+
     async def resolve_holder(self, holder: str | None) -> str:
         """The holder written: ``None`` → ``default_holder()``; ``"@identity"`` → our username."""
-        requested = holder or default_holder()
-        if requested == IDENTITY_HOLDER:
-            if self._identity is None:
-                self._identity = await self.api.whoami()
-            return self._identity
-        return requested
+        return await adrive(self._holder_steps(holder), self._port)
 
     async def get(self, name: str) -> Observed:
         """Read a JobLease.
@@ -162,41 +141,26 @@ class AsyncLeaseClient:
         return await self.store.get(self.namespace, name)
 
     async def claim(self, name: str, holder: str | None = None, *,
-                    observed: Observed | None = None, claim_id: str | None = None
-                    ) -> AsyncLease:
+                    observed: Observed | None = None, claim_id: str | None = None,
+                    max_conflicts: int = MAX_CONFLICTS) -> AsyncLease:
         """Claim ``name`` for ``holder`` once; raise if someone else holds it.
 
-        As ``LeaseClient.claim``: ``observed`` (a recent version) saves the read and is safe
-        when stale; the same ``claim_id`` on a retry after ``UnavailableError`` adopts a
-        claim whose answer was lost.
+        As ``LeaseClient.claim`` (the same operation, ``ClientCore._claim_steps``):
+        ``observed`` (a recent version) saves the read and is safe when stale; the same
+        ``claim_id`` on a retry after ``UnavailableError`` adopts a claim whose answer was
+        lost; ``max_conflicts`` bounds the 409s absorbed by re-reading.
 
         Raises:
             LeaseHeldError: held by someone else and not expired.
+            LeaseNotReadyError: resting in its backoff after a failed attempt.
             LeaseFinishedError: Completed or Failed.
             LeaseNotFoundError: no such JobLease.
             UnavailableError: no answer (retry with ``claim_id``); ``ContentionError``.
             ApiError: refused for another reason (``ForbiddenError``, ``InvalidError``).
         """
-        await self._calibrate_if_due()
-        who = await self.resolve_holder(holder)
-        return await self._claim(name, who, claim_id or new_claim_id(), observed=observed)
-
-    async def _claim(self, name: str, who: str, claim_id: str, *,
-                     observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS
-                     ) -> AsyncLease:
-        """One claim as ``who`` under ``claim_id`` (a pool passes ``max_conflicts=1``)."""
-        decide = ClaimDecider(who, await self.margin(), claim_id)
-        try:
-            outcome = await atransact(self.store, self.namespace, name, decide,
-                                      observed=observed, max_conflicts=max_conflicts)
-        except ForbiddenError as err:
-            refusal = decide.exhaustion_refused()
-            if refusal is None:
-                raise
-            raise refusal from err
-        if outcome.transition is not None and outcome.transition.kind == "failed":
-            raise finished_error(outcome.observed, outcome.transition)
-        return AsyncLease(self, who, claim_id, outcome, await self.margin())
+        return await adrive(self._leased_steps(self._claim_steps(
+            name, holder, claim_id, observed=observed, max_conflicts=max_conflicts)),
+            self._port)
 
     async def resume(self, name: str, holder: str | None, token: FencingToken,
                      claim_id: str | None = None) -> AsyncLease:
@@ -209,49 +173,30 @@ class AsyncLeaseClient:
             LeaseNotFoundError: no such JobLease.
             UnavailableError: the API server did not answer.
         """
-        await self._calibrate_if_due()
-        who = await self.resolve_holder(holder)
-        obs = await self.get(name)
-        outcome = Outcome(obs, None, self.api.monotonic())
-        return AsyncLease(self, who, claim_id, outcome, await self.margin(), token=token)
+        return await adrive(self._resumed_steps(name, holder, token, claim_id), self._port)
 
     async def wait_claim(self, name: str, holder: str | None = None, timeout: float = 60.0,
                          poll: float = 0.5, *, retry_unavailable: float | None = None
                          ) -> AsyncLease:
         """Claim ``name``, waiting up to ``timeout`` seconds while someone else holds it.
 
-        As ``LeaseClient.wait_claim``: sleeps until just after the current lease can end (at
-        most ``poll`` seconds), one claim id across attempts, an unreachable server retried
-        for ``retry_unavailable`` seconds (default ``timeout``).
+        As ``LeaseClient.wait_claim`` (the same operation, ``ClientCore._wait_claim_steps``):
+        sleeps until just after the current lease can end (at most ``poll`` seconds) or
+        until a backoff's ``notBefore`` has certainly passed, one claim id across
+        attempts, an unreachable server retried for ``retry_unavailable`` seconds.
 
         Raises:
             LeaseHeldError: still held when ``timeout`` ran out.
+            LeaseNotReadyError: still resting when ``timeout`` ran out.
             LeaseFinishedError: the lease finished meanwhile.
             UnavailableError: the API server did not answer within ``retry_unavailable``.
         """
-        start = self.api.monotonic()
-        deadline = start + timeout
-        unavailable_deadline = start + (timeout if retry_unavailable is None
-                                        else retry_unavailable)
-        cid = new_claim_id()
-        while True:
-            try:
-                return await self.claim(name, holder, claim_id=cid)
-            except LeaseHeldError as held:
-                left = deadline - self.api.monotonic()
-                if left <= 0:
-                    raise
-                until = await self._seconds_until(held.lease_until)
-                await asyncio.sleep(max(0.01, min(poll, left, until)))
-            except UnavailableError:
-                if self.api.monotonic() >= unavailable_deadline:
-                    raise
-                await asyncio.sleep(min(poll, 1.0))
+        return await adrive(self._leased_steps(self._wait_claim_steps(
+            name, holder, timeout, poll, retry_unavailable)), self._port)
 
-    async def _seconds_until(self, until: datetime | None) -> float:
-        if until is None:
-            return 0.0
-        return seconds_until_claimable(until, await self.margin(), await self.api.server_now())
+    def _new_lease(self, holder: str, claim_id: str | None, outcome: Outcome, now: ServerNow,
+                   token: FencingToken | None = None) -> AsyncLease:
+        return AsyncLease(self, holder, claim_id, outcome, now, token=token)
 
     def hold(self, lease: AsyncLease, renew_fraction: float = RENEW_FRACTION, *,
              stop_before: float = 0.0) -> AsyncLeaseHolding:
@@ -286,49 +231,22 @@ class AsyncLeaseClient:
                                      until_empty=until_empty)
 
 
-class AsyncLease:
+class AsyncLease(LeaseCore):
     """A held JobLease, from asyncio code: its token, its end, and its holder's operations.
 
-    The same attributes and rules as ``joblease.sdk.Lease`` (``name``, ``namespace``,
-    ``uid``, ``holder``, ``token``, ``claim_id``, ``lease_until``, ``deadline``, ``loss``):
-    the claim is fixed when it succeeds; renewals only move ``lease_until`` and
-    ``deadline``; an operation succeeds only while that very claim is current.
+    The same state and operations as ``joblease.sdk.Lease`` (``joblease.core.ops.LeaseCore``:
+    ``name``, ``namespace``, ``uid``, ``holder``, ``token``, ``claim_id``, ``lease_until``,
+    ``deadline``, ``loss``), awaited: the claim is fixed when it succeeds; renewals only
+    move ``lease_until`` and ``deadline``; an operation succeeds only while that very claim
+    is current.
     """
 
     def __init__(self, client: AsyncLeaseClient, holder: str, claim_id: str | None,
-                 outcome: Outcome, margin: timedelta, token: FencingToken | None = None
+                 outcome: Outcome, now: ServerNow, token: FencingToken | None = None
                  ) -> None:
         self._client = client
-        self.holder = holder
-        obs = outcome.observed
-        self.name, self.namespace, self.uid = obs.name, obs.namespace, obs.uid
-        self.token: FencingToken = token or obs.status.token()
-        self.claim_id = claim_id
-        self.loss: LeaseLostError | None = None
-        self._apply(outcome, margin, resumed=token is not None)
-
-    @property
-    def claim(self) -> Claim:
-        """The claim this lease stands for, as the protocol's decisions take it."""
-        return Claim(self.holder, self.token, self.claim_id)
-
-    @property
-    def generation(self) -> int:
-        """The claim counter (the token's second part)."""
-        return self.token.generation
-
-    @property
-    def observed(self) -> Observed:
-        """The JobLease as this lease last read or wrote it."""
-        return self._observed
-
-    def remaining(self) -> float:
-        """Seconds until the local deadline (negative once passed)."""
-        return self.deadline - self._client.api.monotonic()
-
-    def valid(self) -> bool:
-        """Whether this holder may still produce effects: no loss, deadline not passed."""
-        return self.loss is None and self.remaining() > 0
+        super().__init__(client.api, client.base_margin, holder, claim_id, outcome, now,
+                         token=token)
 
     async def renew(self) -> None:
         """Extend the lease (one conditional write from the last known version).
@@ -339,9 +257,7 @@ class AsyncLease:
             StaleLeaseError, LeaseExpiredError, LeaseGoneError: lost (``loss`` is set).
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
-        claim = self.claim
-        await self._do(lambda obs, now, m: decide_renew(obs, claim, now, m),
-                       until_deadline=self.remaining() > 0)
+        await adrive(self._renew_steps(), self._client._port)
 
     async def complete(self, result: str = "") -> None:
         """Record the job as done under this claim; the lease is never claimed again.
@@ -350,8 +266,7 @@ class AsyncLease:
             StaleLeaseError, LeaseExpiredError, LeaseGoneError: refused (``loss`` is set).
             UnavailableError: no answer (retrying is safe).
         """
-        claim = self.claim
-        await self._do(lambda obs, now, m: decide_complete(obs, claim, result, now, m))
+        await adrive(self._complete_steps(result), self._client._port)
 
     async def release(self, failed: bool = False) -> None:
         """Give the lease up now (``failed`` counts an attempt).
@@ -361,37 +276,4 @@ class AsyncLease:
             LeaseFinishedError: ``failed`` used up the last of ``maxAttempts``.
             UnavailableError: no answer (retrying is safe).
         """
-        claim = self.claim
-        await self._do(lambda obs, now, m: decide_release(obs, claim, now, m, failed))
-
-    async def _do(self, decide: Callable[[Observed, ServerNow, timedelta], Transition | None],
-                  until_deadline: bool = False) -> None:
-        margin = await self._client.margin()
-        decide_ours = for_incarnation(self.uid, lambda obs, now: decide(obs, now, margin))
-        try:
-            outcome = await atransact(
-                self._client.store, self.namespace, self.name, decide_ours,
-                observed=self._observed,
-                deadline=self.deadline if until_deadline and self._held else None)
-        except LeaseNotFoundError as err:
-            self.loss = LeaseGoneError(self.name, self.namespace, "deleted")
-            raise self.loss from err
-        except LeaseLostError as err:
-            self.loss = err
-            raise
-        if outcome.transition is not None and outcome.transition.kind == "failed":
-            raise finished_error(outcome.observed, outcome.transition)
-        self._apply(outcome, await self._client.margin())
-
-    def _apply(self, outcome: Outcome, margin: timedelta, resumed: bool = False) -> None:
-        """Follow an answer: the lease's end and the local deadline (``domain.holder``)."""
-        self._observed = outcome.observed
-        api = self._client.api
-        view = standing(outcome.observed, self.claim, self.uid, resumed=resumed,
-                        margin=margin, clock=api.clock, now=api.monotonic())
-        self.lease_until, self.deadline, self._held = view.lease_until, view.deadline, view.held
-
-    def __repr__(self) -> str:
-        until = self.lease_until.isoformat() if self.lease_until else None
-        return (f"AsyncLease({self.namespace}/{self.name}, holder={self.holder!r}, "
-                f"token={self.token}, lease_until={until})")
+        await adrive(self._release_steps(failed), self._client._port)

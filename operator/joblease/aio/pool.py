@@ -3,9 +3,12 @@
 ``joblease.domain.pool.PoolView`` decides what to claim next and when to look again (its
 docstring: candidates by priority then age, rendezvous choice among the first few, a name
 set aside after a refused claim until a newer version of it arrives, the next wake-up).
-This module keeps the view fed — one task lists the pool once, then watches it from the
-list's resourceVersion, resuming after each watch ends and listing again after a 410 —
-and drives the claims, with the semantics of the thread-based pool (``docs/sdk.md``):
+This module keeps the view fed — one task awaits the one feed of both pools
+(``joblease.core.feed.Feed``: list, watch, resume, re-list after 410, backoff with jitter,
+finished leases filtered on the server, unreadable objects skipped) — and drives the
+claims with the one claim operation of both pools (``joblease.core.claiming``). Only the
+waiting (a task and an event, where ``joblease.sdk.Pool`` has a thread and a condition)
+is its own:
 
 1. choose from the cache (no request to find work);
 2. claim the chosen lease with one conditional write decided from the cached version; if
@@ -23,27 +26,52 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from joblease.domain.errors import (
-    LeaseNotFoundError,
-    LeaseUnavailableError,
-    PoolClosedError,
-)
-from joblease.domain.holder import retry_delay
+from joblease.core.claiming import claim_chosen
+from joblease.core.feed import WATCH_SECONDS, Feed
+from joblease.core.steps import AsyncPort, adrive
+from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
-from joblease.kube.api import ApiError, ConflictError, GoneError, UnavailableError
-from joblease.kube.identity import new_claim_id
-from joblease.kube.transact import MAX_CONFLICTS, ContentionError
+from joblease.kube.api import ApiError, UnavailableError
 
 if TYPE_CHECKING:
     from joblease.aio.client import AsyncLease, AsyncLeaseClient
 
 log = logging.getLogger("joblease.aio")
 MIN_WAIT = 0.01
-FIRST_PAUSE = 0.05
-LOST_ANSWER_PAUSE_MAX = 2.0
+
+
+class _Sink:
+    """What the feed calls (``joblease.core.feed.FeedSink``), kept off AsyncPool's surface."""
+
+    def __init__(self, pool: AsyncPool) -> None:
+        self._pool = pool
+
+    def replace(self, items: list[Observed], resource_version: str) -> None:
+        """A complete list: the view starts over; waiting claimers look again."""
+        pool = self._pool
+        pool.view.replace(items, resource_version)
+        pool._synced, pool._trouble = True, None
+        pool._signal()
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        """A watch event."""
+        self._pool.view.apply(event_type, obs)
+        self._pool._signal()
+
+    def bookmark(self, resource_version: str) -> None:
+        """A BOOKMARK: the resume point moved."""
+        self._pool.view.bookmark(resource_version)
+
+    def trouble(self, error: ApiError) -> None:
+        """A list or watch failed: a claimer that never saw a list may raise it."""
+        pool = self._pool
+        pool.watch_errors += 1
+        pool._trouble = error
+        pool._signal()
+        log.warning("JobLease pool %r: list/watch failed (%s); retrying", pool.selector, error)
 
 
 class AsyncPool:
@@ -60,7 +88,7 @@ class AsyncPool:
     """
 
     def __init__(self, client: AsyncLeaseClient, selector: str | None, *,
-                 spread: int = DEFAULT_SPREAD) -> None:
+                 spread: int = DEFAULT_SPREAD, watch_seconds: int = WATCH_SECONDS) -> None:
         self.client = client
         self.selector = selector
         self.spread = spread
@@ -75,6 +103,9 @@ class AsyncPool:
         self._dead: Exception | None = None
         self._closed = False
         self._follower: asyncio.Task[None] | None = None
+        self.feed = Feed(client.namespace, selector, watch_seconds=watch_seconds)
+        # claims through the client's public claim(), like any caller's
+        self._port = AsyncPort(client.store, claim=client.claim)
 
     def __len__(self) -> int:
         return len(self.view)
@@ -191,29 +222,21 @@ class AsyncPool:
     # -- claiming -----------------------------------------------------------------------------
 
     async def _claim(self, chosen: Observed, who: str, end: float | None) -> AsyncLease | None:
-        """Claim ``chosen`` (steps 2-4); ``None``: lost it, choose again."""
-        claim_id = new_claim_id()
-        observed: Observed | None = chosen
-        pause = FIRST_PAUSE
-        while True:
-            try:
-                lease = await self.client._claim(
-                    chosen.name, who, claim_id, observed=observed,
-                    max_conflicts=1 if observed is not None else MAX_CONFLICTS)
-            except (LeaseUnavailableError, LeaseNotFoundError, ConflictError, ContentionError):
+        """Claim ``chosen`` (steps 2-4, ``joblease.core.claiming``); ``None``: choose again."""
+        lease: AsyncLease | Exception = await adrive(
+            claim_chosen(chosen, who, end, self.client.api.monotonic), self._port)
+        if isinstance(lease, Exception):
+            written = lease.written if isinstance(lease, LeaseFinishedError) else None
+            if isinstance(written, Observed):  # this claim wrote Failed: the view learns it
+                self.view.learn(written)
+            else:
                 self.conflicts += 1
                 self.view.set_aside(chosen.name, chosen.resource_version)  # 2
-                return None
-            except UnavailableError:
-                if end is not None and self.client.api.monotonic() + pause >= end:
-                    raise
-                await asyncio.sleep(pause)  # 3: same name, same claim id, fresh read
-                pause = min(LOST_ANSWER_PAUSE_MAX, pause * 2)
-                observed = None
-                continue
+            return None
+        if lease.observed is not None:
             self.view.learn(lease.observed)  # 4
-            self.claims += 1
-            return lease
+        self.claims += 1
+        return lease
 
     # -- the watch ------------------------------------------------------------------------
 
@@ -232,42 +255,8 @@ class AsyncPool:
             self._signal()
 
     async def _feed(self) -> None:
-        store, namespace = self.client.store, self.client.namespace
-        failures = 0
-        while True:
-            try:
-                if self.view.resource_version is None:
-                    items, version = await store.list_pool(namespace, self.selector)
-                    self.view.replace(items, version)
-                    self._synced, self._trouble = True, None
-                    self._signal()
-                await store.watch_pool(namespace, self.selector,
-                                       self.view.resource_version or "", self._on_event)
-                failures = 0
-            except GoneError:
-                self.view.resource_version = None  # the watch's history is gone: list again
-            except ApiError as err:
-                failures += 1
-                self.watch_errors += 1
-                self._trouble = err
-                self._signal()
-                log.warning("JobLease pool %r: list/watch failed (%s); retrying in %.2fs",
-                            self.selector, err, retry_delay(failures))
-                await asyncio.sleep(retry_delay(failures))
-
-    def _on_event(self, kind: str, obj: dict[str, Any]) -> None:
-        version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
-        if kind in ("ADDED", "MODIFIED", "DELETED"):
-            try:
-                obs = Observed.from_object(obj)
-            except (KeyError, TypeError, ValueError) as err:  # never stall on one object
-                log.warning("JobLease pool %r: skipping an unreadable JobLease (%s)",
-                            self.selector, err)
-            else:
-                self.view.apply(kind, obs)
-                self._signal()
-        if version:
-            self.view.resource_version = version
+        """The one feed (``joblease.core.feed.Feed``), awaited; it ends only by cancellation."""
+        await adrive(self.feed.steps(_Sink(self)), AsyncPort(self.client.store))
 
     def _signal(self) -> None:
         """Wake every coroutine waiting on the pool (each captured the event before looking)."""

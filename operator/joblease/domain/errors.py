@@ -75,13 +75,22 @@ class LeaseNotReadyError(LeaseUnavailableError):
 
 
 class LeaseFinishedError(LeaseUnavailableError):
-    """The lease is Completed or Failed and is never claimed again."""
+    """The lease is Completed or Failed and is never claimed again.
 
-    def __init__(self, name: str, phase: str, generation: int, detail: str = "") -> None:
+    Attributes:
+        written: The JobLease as stored after *this caller's* write made it Failed (a
+            claim that found the attempts used up, a failed release that used the last),
+            else ``None``. A work pool folds it into its cache instead of waiting for the
+            watch to bring it.
+    """
+
+    def __init__(self, name: str, phase: str, generation: int, detail: str = "",
+                 written: object | None = None) -> None:
         extra = f": {detail}" if detail else ""
         super().__init__(name, f"lease {name!r} is {phase} at generation {generation} and "
                                f"cannot be claimed again{extra}")
         self.phase, self.generation = phase, generation
+        self.written = written
 
 
 class LeaseLostError(LeaseError):

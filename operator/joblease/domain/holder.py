@@ -143,7 +143,7 @@ def finished_error(observed: Observed, transition: Transition) -> LeaseFinishedE
     """The error for a write that turned the lease Failed (``maxAttempts`` used up)."""
     status = observed.status
     return LeaseFinishedError(observed.name, status.phase.value, status.generation,
-                              transition.message)
+                              transition.message, written=observed)
 
 
 def renew_interval(remaining: float, fraction: float = RENEW_FRACTION) -> float:

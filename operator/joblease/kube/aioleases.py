@@ -3,30 +3,20 @@
 Every request is one of ``joblease.kube.leases``' :class:`~joblease.kube.leases.LeaseCall`
 values — the read, the conditional status write (merge patch with the ``resourceVersion``
 precondition), create, a pool's list page — so the asyncio SDK writes exactly what the
-thread-based one writes. A pool's list and watch are here too.
+thread-based one writes. A pool's list and watch are ``joblease.core.feed``'s, sent as
+``Call`` and ``Watch`` steps.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 from joblease.domain.lease import LeaseStatus, Observed
 from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.api import DEFAULT_TIMEOUT, NotFoundError
-from joblease.kube.leases import (
-    WATCH_SECONDS,
-    LeaseCall,
-    create_call,
-    lease_path,
-    list_call,
-    read_call,
-    status_write_call,
-    watch_query,
-)
+from joblease.kube.leases import LeaseCall, create_call, read_call, status_write_call
 
 T = TypeVar("T")
-WATCH_IDLE_SLACK = 15.0  # silence beyond the watch's own length means a dead connection
 
 
 class AsyncLeaseStore:
@@ -73,34 +63,3 @@ class AsyncLeaseStore:
                      labels: dict[str, str] | None = None) -> Observed:
         """Create a JobLease (tests and examples; users normally `kubectl apply`)."""
         return await self.call(create_call(namespace, name, spec, labels))
-
-    async def list_pool(self, namespace: str, label_selector: str | None,
-                        timeout: float = DEFAULT_TIMEOUT) -> tuple[list[Observed], str]:
-        """Every JobLease matching ``label_selector``, and the resourceVersion to watch from.
-
-        Paginated: the ``continue`` token stitches the pages into one consistent snapshot,
-        whose resourceVersion the last page carries.
-        """
-        items: list[Observed] = []
-        token = ""
-        while True:
-            page = await self.call(list_call(namespace, label_selector, token=token), timeout)
-            items.extend(Observed.from_object(obj) for obj in page.items)
-            token = page.next_token
-            if not token:
-                return items, page.resource_version
-
-    async def watch_pool(self, namespace: str, label_selector: str | None,
-                         resource_version: str, on_event: Callable[[str, dict[str, Any]], None],
-                         seconds: int = WATCH_SECONDS) -> None:
-        """Watch the JobLeases matching ``label_selector`` after ``resource_version``.
-
-        Returns when the server ends the watch (after ``seconds``).
-
-        Raises:
-            GoneError: ``resource_version`` is too old: list again.
-            ApiError: refused; ``UnavailableError`` for no answer or a broken stream.
-        """
-        await self.api.watch(lease_path(namespace),
-                             watch_query(resource_version, label_selector, seconds), on_event,
-                             idle_timeout=seconds + WATCH_IDLE_SLACK)

@@ -24,7 +24,6 @@ GROUP = "joblease.dev"
 VERSION = "v1alpha1"
 PLURAL = "jobleases"
 KIND = "JobLease"
-WATCH_SECONDS = 60  # a watch request's server-side length; the client then resumes it
 
 T = TypeVar("T")
 
@@ -112,28 +111,17 @@ def create_call(namespace: str, name: str, spec: dict[str, Any] | None = None,
 
 
 def list_call(namespace: str | None, label_selector: str | None = None,
-              page_size: int = 500, token: str = "") -> LeaseCall[Page]:
-    """One page of the JobLeases matching a label selector (``token``: the page to read)."""
+              page_size: int = 500, token: str = "", field_selector: str | None = None
+              ) -> LeaseCall[Page]:
+    """One page of the JobLeases matching the selectors (``token``: the page to read)."""
     query = {"limit": str(page_size)}
     if label_selector:
         query["labelSelector"] = label_selector
+    if field_selector:
+        query["fieldSelector"] = field_selector
     if token:
         query["continue"] = token
     return LeaseCall("GET", lease_path(namespace), _page, query=query)
-
-
-def watch_query(resource_version: str, label_selector: str | None = None,
-                seconds: int = WATCH_SECONDS) -> dict[str, str]:
-    """The query of a watch that resumes after ``resource_version``.
-
-    Bookmarks keep the resume point fresh while nothing changes, so a resumed watch rarely
-    meets 410 (``GoneError``: list again).
-    """
-    query = {"watch": "1", "resourceVersion": resource_version,
-             "allowWatchBookmarks": "true", "timeoutSeconds": str(seconds)}
-    if label_selector:
-        query["labelSelector"] = label_selector
-    return query
 
 
 def _page(body: dict[str, Any]) -> Page:

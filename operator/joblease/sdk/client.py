@@ -10,50 +10,30 @@ The deadline is the earliest local instant at which the API server's clock may r
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
 
+from joblease.core.ops import ClientCore, LeaseCore
+from joblease.core.steps import SyncPort, drive
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import (
-    LeaseGoneError,
-    LeaseHeldError,
-    LeaseLostError,
-    LeaseNotFoundError,
-    LeaseNotReadyError,
-)
-from joblease.domain.holder import (
-    DEFAULT_MARGIN,
-    IDENTITY_HOLDER,
-    ClaimDecider,
-    finished_error,
-    for_incarnation,
-    seconds_until_claimable,
-    standing,
-)
-from joblease.domain.lease import (
-    Claim,
-    Observed,
-    Transition,
-    decide_complete,
-    decide_release,
-    decide_renew,
-)
+from joblease.domain.holder import DEFAULT_MARGIN, IDENTITY_HOLDER
+from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
-from joblease.kube.api import ForbiddenError, KubeApi, UnavailableError
+from joblease.kube.api import KubeApi
 from joblease.kube.identity import default_holder, new_claim_id
 from joblease.kube.leases import LeaseStore
-from joblease.kube.transact import MAX_CONFLICTS, Outcome, transact
-
-if TYPE_CHECKING:
-    from joblease.sdk.pool import Pool
+from joblease.kube.transact import MAX_CONFLICTS, Outcome
+from joblease.sdk.pool import Pool
 
 
-class LeaseClient:
+class LeaseClient(ClientCore["Lease"]):
     """Claims JobLeases in one namespace as one identity.
+
+    Its operations are ``joblease.core.ops.ClientCore``'s, written once as sans-IO steps
+    and shared with ``joblease.aio.AsyncLeaseClient``; this class performs them blocking
+    (``joblease.core.steps.drive``) and owns what is concurrency, not protocol: the
+    calibration lock and the pools' threads.
 
     Close it when done (``close()`` or ``with LeaseClient(...) as client:``): it closes the
     ``KubeApi`` it built itself. A ``KubeApi`` passed in as ``api`` belongs to the caller
@@ -100,6 +80,7 @@ class LeaseClient:
         self._closed = False
         self._pools: dict[str, Pool] = {}
         self._pools_lock = threading.Lock()
+        self._port = SyncPort(self.store, calibrate=self._calibrate_if_due)
 
     def calibrate(self) -> timedelta:
         """Narrow the server-clock estimate to about a round trip; return the error bound.
@@ -161,6 +142,11 @@ class LeaseClient:
                  tb: TracebackType | None) -> None:
         self.close()
 
+    @property
+    def _clocks(self) -> KubeApi:
+        """The transport's clocks (local monotonic and the server-clock estimate)."""
+        return self.api
+
     def resolve_holder(self, holder: str | None) -> str:
         """Turn a requested holder into the one written.
 
@@ -169,19 +155,15 @@ class LeaseClient:
         requires. Replicas sharing one identity then share a holder name, so the policy
         cannot tell them apart; give each its own ServiceAccount, or use pod delegation.
         """
-        requested = holder or default_holder()
-        if requested == IDENTITY_HOLDER:
-            if self._identity is None:
-                self._identity = self.api.whoami()
-            return self._identity
-        return requested
+        return drive(self._holder_steps(holder), self._port)
 
     def get(self, name: str) -> Observed:
         """Read a JobLease."""
         return self.store.get(self.namespace, name)
 
     def claim(self, name: str, holder: str | None = None, *,
-              observed: Observed | None = None, claim_id: str | None = None) -> Lease:
+              observed: Observed | None = None, claim_id: str | None = None,
+              max_conflicts: int = MAX_CONFLICTS) -> Lease:
         """Claim ``name`` for ``holder`` once; raise if someone else holds it.
 
         ``observed`` is an optional recent version of the JobLease (from ``get``, a list or
@@ -193,8 +175,13 @@ class LeaseClient:
         after an ``UnavailableError`` is safe: if the lost attempt's write landed, the retry
         adopts that claim instead of being refused by it.
 
+        ``max_conflicts`` bounds the 409s absorbed by re-reading before giving up with
+        ``ContentionError``; a work pool passes 1 with its cached version (its watch brings
+        the news, and it chooses another lease meanwhile).
+
         Raises:
             LeaseHeldError: held by someone else and not expired (names holder, generation, end).
+            LeaseNotReadyError: resting in its backoff after a failed attempt.
             LeaseFinishedError: Completed or Failed.
             LeaseNotFoundError: no such JobLease.
             UnavailableError: no answer (the claim may have landed: retry with ``claim_id``);
@@ -202,33 +189,9 @@ class LeaseClient:
             ApiError: refused for another reason (``ForbiddenError`` by RBAC or the
                 holder-only admission policy, ``InvalidError`` by the CRD's rules).
         """
-        self._calibrate_if_due()
-        who = self.resolve_holder(holder)
-        cid = claim_id or new_claim_id()
-        outcome = self._claim_outcome(name, who, cid, observed=observed)
-        if outcome.transition is not None and outcome.transition.kind == "failed":
-            raise finished_error(outcome.observed, outcome.transition)
-        return Lease(self, who, cid, outcome)
-
-    def _claim_outcome(self, name: str, who: str, claim_id: str, *,
-                       observed: Observed | None = None, max_conflicts: int | None = None
-                       ) -> Outcome:
-        """One claim through ``transact``: what ``claim`` and a work pool's claims share.
-
-        A pool passes ``max_conflicts=1`` with its cached version: one conditional write,
-        and a 409 or a refusal comes back as ``ContentionError`` instead of a re-read
-        (the pool's watch brings the news; it chooses another lease meanwhile).
-        """
-        decide = ClaimDecider(who, self.margin(), claim_id)
-        try:
-            return transact(self.store, self.namespace, name, decide, observed=observed,
-                            max_conflicts=MAX_CONFLICTS if max_conflicts is None
-                            else max_conflicts)
-        except ForbiddenError as err:
-            refusal = decide.exhaustion_refused()
-            if refusal is None:
-                raise
-            raise refusal from err
+        return drive(self._leased_steps(self._claim_steps(
+            name, holder, claim_id, observed=observed, max_conflicts=max_conflicts)),
+            self._port)
 
     def pool(self, selector: str, *, spread: int = DEFAULT_SPREAD) -> Pool:
         """A work pool: the JobLeases of this namespace matching the label ``selector``.
@@ -240,8 +203,6 @@ class LeaseClient:
         The identity needs ``list`` and ``watch`` on jobleases besides ``get`` and
         ``patch`` on their status.
         """
-        from joblease.sdk.pool import Pool
-
         return Pool(self, selector, spread=spread)
 
     def claim_next(self, selector: str, holder: str | None = None, *,
@@ -288,11 +249,7 @@ class LeaseClient:
             LeaseNotFoundError: no such JobLease.
             UnavailableError: the API server did not answer.
         """
-        self._calibrate_if_due()
-        who = self.resolve_holder(holder)
-        obs = self.get(name)
-        outcome = Outcome(obs, None, self.api.monotonic())
-        return Lease(self, who, claim_id, outcome, token=token)
+        return drive(self._resumed_steps(name, holder, token, claim_id), self._port)
 
     def wait_claim(self, name: str, holder: str | None = None, timeout: float = 60.0,
                    poll: float = 0.5, *, retry_unavailable: float | None = None) -> Lease:
@@ -313,45 +270,27 @@ class LeaseClient:
             LeaseFinishedError: the lease finished meanwhile.
             UnavailableError: the API server did not answer within ``retry_unavailable``.
         """
-        start = time.monotonic()
-        deadline = start + timeout
-        unavailable_deadline = start + (timeout if retry_unavailable is None
-                                        else retry_unavailable)
-        cid = new_claim_id()
-        while True:
-            try:
-                return self.claim(name, holder, claim_id=cid)
-            except LeaseHeldError as held:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                time.sleep(max(0.01, min(poll, left, self._seconds_until(held.lease_until))))
-            except LeaseNotReadyError as resting:
-                # Nothing but the server's clock ends a backoff: sleep until it certainly has.
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise
-                time.sleep(max(0.01, min(left, self._seconds_until(resting.not_before,
-                                                                    margin=False))))
-            except UnavailableError:
-                if time.monotonic() >= unavailable_deadline:
-                    raise
-                time.sleep(min(poll, 1.0))
+        return drive(self._leased_steps(self._wait_claim_steps(
+            name, holder, timeout, poll, retry_unavailable)), self._port)
 
     def _seconds_until(self, until: datetime | None, margin: bool = True) -> float:
-        if until is None:
-            return 0.0
-        return seconds_until_claimable(until, self.margin() if margin else timedelta(0),
-                                       self.api.server_now())
+        """Seconds until ``until`` (plus the margin) has certainly passed on the server."""
+        return drive(self._until_steps(until, margin=margin), self._port)
+
+    def _new_lease(self, holder: str, claim_id: str | None, outcome: Outcome, now: ServerNow,
+                   token: FencingToken | None = None) -> Lease:
+        return Lease(self, holder, claim_id, outcome, now, token=token)
 
 
-class Lease:
+class Lease(LeaseCore):
     """A held JobLease: its token, its end, and the operations its holder may perform.
 
     The claim it stands for — holder, fencing token ``(epoch, generation)``, claim id and
     the object's uid — is fixed when the claim succeeds and never changes: renewals only
     move ``lease_until`` and ``deadline``. A renewal, completion or release succeeds only
-    while that very claim is current on the API server.
+    while that very claim is current on the API server. The state and the operations are
+    ``joblease.core.ops.LeaseCore``'s, shared with ``joblease.aio.AsyncLease``; this class
+    only performs them, blocking.
 
     Attributes:
         name: The job id (the JobLease's name).
@@ -369,38 +308,10 @@ class Lease:
     """
 
     def __init__(self, client: LeaseClient, holder: str, claim_id: str | None,
-                 outcome: Outcome, token: FencingToken | None = None) -> None:
+                 outcome: Outcome, now: ServerNow, token: FencingToken | None = None) -> None:
         self._client = client
-        self.holder = holder
-        obs = outcome.observed
-        self.name, self.namespace, self.uid = obs.name, obs.namespace, obs.uid
-        self.token: FencingToken = token or obs.status.token()
-        self.claim_id = claim_id
-        self.loss: LeaseLostError | None = None
-        self._apply(outcome, resumed=token is not None)
-
-    @property
-    def claim(self) -> Claim:
-        """The claim this lease stands for, as the protocol's decisions take it."""
-        return Claim(self.holder, self.token, self.claim_id)
-
-    @property
-    def generation(self) -> int:
-        """The claim counter (the token's second part)."""
-        return self.token.generation
-
-    def remaining(self) -> float:
-        """Seconds until the local deadline (negative once passed)."""
-        return self.deadline - self._client.api.monotonic()
-
-    def valid(self) -> bool:
-        """Whether this holder may still produce effects under the lease.
-
-        False once ``loss`` is set or the local deadline has passed. A point-in-time
-        answer: an effect started now can still land after the lease ended, which only the
-        target's fencing check stops.
-        """
-        return self.loss is None and self.remaining() > 0
+        super().__init__(client.api, client.base_margin, holder, claim_id, outcome, now,
+                         token=token)
 
     def renew(self) -> None:
         """Extend the lease (one conditional write from the last known version).
@@ -416,11 +327,7 @@ class Lease:
             LeaseGoneError: the JobLease was deleted or re-created.
             UnavailableError: no answer before the deadline (the lease is not lost yet).
         """
-        claim = self.claim
-        # Bounded by the deadline while there is one to keep; past it, the server's answer
-        # (who holds it now) is worth the wait, and the lease is lost either way.
-        self._do(lambda obs, now, m: decide_renew(obs, claim, now, m),
-                 until_deadline=self.remaining() > 0)
+        drive(self._renew_steps(), self._client._port)
 
     def complete(self, result: str = "") -> None:
         """Record the job as done under this claim; the lease is never claimed again.
@@ -432,8 +339,7 @@ class Lease:
             UnavailableError: no answer (retrying is safe: a completion whose answer was
                 lost is recognised as done).
         """
-        claim = self.claim
-        self._do(lambda obs, now, m: decide_complete(obs, claim, result, now, m))
+        drive(self._complete_steps(result), self._client._port)
 
     def release(self, failed: bool = False) -> None:
         """Give the lease up so another worker can claim it now (``failed`` counts an attempt).
@@ -444,41 +350,7 @@ class Lease:
                 now Failed.
             UnavailableError: no answer (retrying is safe, as for :meth:`complete`).
         """
-        claim = self.claim
-        self._do(lambda obs, now, m: decide_release(obs, claim, now, m, failed))
-
-    def _do(self, decide: Callable[[Observed, ServerNow, timedelta], Transition | None],
-            until_deadline: bool = False) -> None:
-        margin = self._client.margin()
-        decide_ours = for_incarnation(self.uid, lambda obs, now: decide(obs, now, margin))
-        try:
-            outcome = transact(self._client.store, self.namespace, self.name, decide_ours,
-                               observed=self._observed,
-                               deadline=self.deadline if until_deadline and self._held
-                               else None)
-        except LeaseNotFoundError as err:
-            self.loss = LeaseGoneError(self.name, self.namespace, "deleted")
-            raise self.loss from err
-        except LeaseLostError as err:
-            self.loss = err
-            raise
-        if outcome.transition is not None and outcome.transition.kind == "failed":
-            raise finished_error(outcome.observed, outcome.transition)
-        self._apply(outcome)
-
-    def _apply(self, outcome: Outcome, resumed: bool = False) -> None:
-        """Follow an answer: the lease's end and the local deadline (``domain.holder``)."""
-        self._observed: Observed | None = outcome.observed
-        api = self._client.api
-        view = standing(outcome.observed, self.claim, self.uid, resumed=resumed,
-                        margin=self._client.base_margin + api.server_now().error,
-                        clock=api.clock, now=api.monotonic())
-        self.lease_until, self.deadline, self._held = view.lease_until, view.deadline, view.held
-
-    def __repr__(self) -> str:
-        until = self.lease_until.isoformat() if self.lease_until else None
-        return (f"Lease({self.namespace}/{self.name}, holder={self.holder!r}, "
-                f"token={self.token}, lease_until={until})")
+        drive(self._release_steps(failed), self._client._port)
 
 
 __all__ = ["DEFAULT_MARGIN", "IDENTITY_HOLDER", "FencingToken", "Lease", "LeaseClient",

@@ -1,6 +1,6 @@
 """Work pools: claim the *next* JobLease of a label selector, not a named one (issue 17).
 
-A :class:`Pool` owns one list+watch (``joblease.kube.pool.LeaseFeed``, in a thread of its
+A :class:`Pool` owns one list+watch (``joblease.core.feed.LeaseFeed``, in a thread of its
 own) feeding one cache (``joblease.domain.pool.PoolView``), and is shared by every thread
 of a worker that claims from the same selector. ``claim_next``:
 
@@ -33,28 +33,24 @@ from datetime import datetime
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from joblease.domain.errors import (
-    LeaseNotFoundError,
-    LeaseUnavailableError,
-    PoolClosedError,
-)
+from joblease.core.claiming import claim_chosen
+from joblease.core.feed import WATCH_SECONDS, LeaseFeed
+from joblease.core.steps import SyncPort, drive
+from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
-from joblease.kube.api import ApiError, ConflictError, UnavailableError
-from joblease.kube.pool import WATCH_SECONDS, LeaseFeed
-from joblease.kube.transact import ContentionError, Outcome
+from joblease.kube.api import ApiError, UnavailableError
 
 if TYPE_CHECKING:
     from joblease.sdk.client import Lease, LeaseClient
 
 DEFAULT_SYNC_TIMEOUT = 30.0
-LOST_ANSWER_PAUSE_MAX = 2.0
 
 log = logging.getLogger(__name__)
 
 
 class _Sink:
-    """What the feed's thread calls (``joblease.kube.pool.FeedSink``), kept off Pool's surface."""
+    """What the feed's thread calls (``joblease.core.feed.FeedSink``), kept off Pool's surface."""
 
     def __init__(self, pool: Pool) -> None:
         self._pool = pool
@@ -116,6 +112,9 @@ class Pool:
         self._dead: Exception | None = None  # what stopped the feed's thread, if not close()
         self.feed = LeaseFeed(client.store, client.namespace, selector,
                               watch_seconds=watch_seconds)
+        # claims through the public claim(); pauses through this module's time.sleep
+        self._port = SyncPort(client.store, claim=client.claim,
+                              sleep=lambda seconds: time.sleep(seconds))
         self._thread = threading.Thread(target=self._run_feed, daemon=True,
                                         name=f"joblease-pool[{selector}]")
         self._thread.start()
@@ -289,43 +288,23 @@ class Pool:
     # -- claiming ---------------------------------------------------------------------------
 
     def _claim(self, chosen: Observed, who: str, deadline: float | None) -> Lease | None:
-        """Claim ``chosen`` (steps 2-4); ``None``: lost it, choose again."""
-        from joblease.sdk.client import Lease, new_claim_id
-
-        claim_id = new_claim_id()
-        observed: Observed | None = chosen
-        pause = 0.05
-        while True:
-            try:
-                outcome = self._client._claim_outcome(
-                    chosen.name, who, claim_id, observed=observed,
-                    max_conflicts=1 if observed is not None else None)
-            except (LeaseUnavailableError, LeaseNotFoundError, ConflictError,
-                    ContentionError):
-                self._lost(chosen)
-                return None
-            except UnavailableError:
-                # The answer was lost: the write may have landed. Same name, same claim id,
-                # from a fresh read, so a landed claim is adopted instead of orphaned.
-                if deadline is not None and time.monotonic() + pause >= deadline:
-                    raise
-                time.sleep(pause)
-                pause = min(LOST_ANSWER_PAUSE_MAX, pause * 2)
-                observed = None
-                continue
-            return self._won(outcome, who, claim_id, Lease)
-
-    def _won(self, outcome: Outcome, who: str, claim_id: str, lease: type[Lease]
-             ) -> Lease | None:
-        failed = outcome.transition is not None and outcome.transition.kind == "failed"
+        """Claim ``chosen`` (steps 2-4, ``joblease.core.claiming``); ``None``: choose again."""
+        lease: Lease | Exception = drive(claim_chosen(chosen, who, deadline, time.monotonic),
+                                         self._port)
+        if isinstance(lease, Exception):
+            self._lost(chosen, lease)
+            return None
         with self._changed:
-            self._view.learn(outcome.observed)
-            self.claims += 0 if failed else 1
-        if failed:
-            return None  # the claim found the last attempt used up and wrote Failed
-        return lease(self._client, who, claim_id, outcome)
+            if lease.observed is not None:
+                self._view.learn(lease.observed)  # 4
+            self.claims += 1
+        return lease
 
-    def _lost(self, chosen: Observed) -> None:
+    def _lost(self, chosen: Observed, refusal: Exception) -> None:
         with self._changed:
+            written = refusal.written if isinstance(refusal, LeaseFinishedError) else None
+            if isinstance(written, Observed):  # this claim wrote Failed: the cache learns it
+                self._view.learn(written)
+                return
             self.conflicts += 1
             self._view.set_aside(chosen.name, chosen.resource_version)

@@ -1,0 +1,60 @@
+"""A work pool's claim of the lease it chose, written once for both pools.
+
+``joblease.sdk.Pool`` and ``joblease.aio.AsyncPool`` choose from their ``PoolView`` in
+their own way (a thread waiting on a condition, a task waiting on an event: the only part
+written twice); what happens once a lease is chosen is this one operation:
+
+1. claim the chosen lease with one conditional write decided from the cached version
+   (``max_conflicts=1``: no read first) through the client's public ``claim()``;
+2. if it is refused — 409 (someone was faster), held, resting, finished or gone on the
+   server — answer the refusal: the pool sets the name aside until the watch brings a
+   newer version and chooses again at once, so a lost race costs one request (a claim
+   that itself wrote Failed, the attempts being used up, carries what it wrote);
+3. if the write's answer is lost, retry *the same name with the same claim id* from a
+   fresh read (pausing 50 ms, doubling to 2 s), so a write that did land is adopted
+   rather than refused or orphaned; give up with the ``UnavailableError`` once the
+   caller's end would pass during the pause (the claim, if it landed, expires on its own).
+
+Safety never rests on the cache: every claim is the same compare-and-swap as any other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from joblease.core.steps import ClaimBy, Sleep, Steps
+from joblease.domain.errors import LeaseNotFoundError, LeaseUnavailableError
+from joblease.domain.lease import Observed
+from joblease.kube.api import ConflictError, UnavailableError
+from joblease.kube.identity import new_claim_id
+from joblease.kube.transact import MAX_CONFLICTS, ContentionError
+
+FIRST_PAUSE = 0.05
+LOST_ANSWER_PAUSE_MAX = 2.0
+REFUSED = (LeaseUnavailableError, LeaseNotFoundError, ConflictError, ContentionError)
+
+
+def claim_chosen(chosen: Observed, holder: str, end: float | None,
+                 monotonic: Callable[[], float]) -> Steps[Any]:
+    """Claim ``chosen`` for ``holder`` (steps 1-3): the lease, or the refusal (choose again).
+
+    Raises:
+        UnavailableError: the answer was lost and ``end`` (local monotonic) came first.
+        ApiError: refused for another reason (``ForbiddenError``: the admission policy).
+    """
+    claim_id = new_claim_id()
+    observed: Observed | None = chosen
+    pause = FIRST_PAUSE
+    while True:
+        try:
+            return (yield ClaimBy(chosen.name, holder, claim_id, observed,
+                                  1 if observed is not None else MAX_CONFLICTS))  # 1
+        except REFUSED as refusal:
+            return refusal  # 2
+        except UnavailableError:  # 3
+            if end is not None and monotonic() + pause >= end:
+                raise
+            yield Sleep(pause)
+            pause = min(LOST_ANSWER_PAUSE_MAX, pause * 2)
+            observed = None

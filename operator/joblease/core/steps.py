@@ -1,0 +1,262 @@
+"""The steps a client operation yields, and the two drivers that perform them.
+
+An operation (``joblease.core.ops``, ``joblease.core.feed``, ``joblease.core.claiming``)
+is a generator. It yields a step and receives the step's answer — or, thrown back into
+it, the exception the request raised — so its retry and refusal logic sees failures
+exactly as it would see them from a direct call. The steps:
+
+========================  ===================================================  =========
+step                      what the driver does                                 answer
+========================  ===================================================  =========
+``Read``                  read one JobLease (``transact``'s step 1)            Observed
+``ServerTime``            the API server's time now, as an interval            ServerNow
+``Write``                 conditional status write (``transact``'s step 4)     Observed
+``Call``                  send one ``LeaseCall`` (a list page, a create)       its value
+``Watch``                 stream one watch into ``on_event`` until it ends     ``None``
+``Sleep``                 wait (a stopping feed ends during the wait)          ``None``
+``Calibrate``             calibrate the clock estimate once, if still due      ``None``
+``Whoami``                the username the API server authenticates us as      str
+``ClaimBy``               a claim through the client's public ``claim()``      the lease
+========================  ===================================================  =========
+
+:func:`drive` performs them with a thread-safe ``LeaseStore`` (``joblease.sdk``),
+:func:`adrive` with an ``AsyncLeaseStore`` (``joblease.aio``). A driver decides nothing:
+the two clients differ only in how a request travels and how a wait is done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from joblease.domain.errors import JobleaseError
+from joblease.domain.lease import Observed
+from joblease.kube.aioleases import AsyncLeaseStore
+from joblease.kube.api import DEFAULT_TIMEOUT, WatchStream
+from joblease.kube.leases import LeaseCall, LeaseStore
+from joblease.kube.transact import Read, ServerTime, Write
+
+T = TypeVar("T")
+EventHandler = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class Call:
+    """Send one :class:`~joblease.kube.leases.LeaseCall`; the answer is its parsed value."""
+
+    call: LeaseCall[Any]
+    timeout: float = DEFAULT_TIMEOUT
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Stream a watch of ``path`` (``query`` without ``watch=``) until the server ends it.
+
+    Every event goes to ``on_event(type, object)`` as it arrives; the step's answer is
+    ``None`` when the stream ends normally. An ``ERROR`` event is thrown back as the
+    ``ApiError`` it names (410: ``GoneError``).
+    """
+
+    path: str
+    query: dict[str, str]
+    on_event: EventHandler = field(compare=False)
+    seconds: int
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Wait ``seconds`` (a feed being stopped ends here instead)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Calibrate:
+    """Calibrate the client's server-clock estimate, once, if it is still due."""
+
+
+@dataclass(frozen=True)
+class Whoami:
+    """The username the API server authenticates this client as."""
+
+
+@dataclass(frozen=True)
+class ClaimBy:
+    """Claim through the client's public ``claim()`` (a work pool's one conditional write).
+
+    A pool builds its leases the way any caller does, so a claim made by a pool is the
+    same operation — and the same recorded event in the fault suite — as a direct one.
+    """
+
+    name: str
+    holder: str
+    claim_id: str
+    observed: Observed | None
+    max_conflicts: int
+
+
+Step = Read | ServerTime | Write | Call | Watch | Sleep | Calibrate | Whoami | ClaimBy
+Steps = Generator[Step, Any, T]
+
+WATCH_SLACK = 30.0  # a watch's client-side bound beyond the server's timeoutSeconds
+WATCH_IDLE_SLACK = 15.0  # silence beyond the watch's own length means a dead connection
+
+
+class Stopped(JobleaseError):  # noqa: N818 - a signal, not an error
+    """Thrown into an operation whose driver was asked to stop (a pool being closed)."""
+
+
+class SyncPort:
+    """Performs steps with a thread-safe ``LeaseStore`` (the sync client's I/O).
+
+    Args:
+        store: The store, and through it the ``KubeApi``.
+        calibrate: Performs ``Calibrate`` (the client's lazy, locked calibration).
+        stop: Set to end a long-running operation (a feed): a ``Sleep`` returns early and
+            ``Stopped`` is thrown into the operation; :meth:`interrupt` closes the watch.
+        claim: Performs ``ClaimBy``: the client's public ``claim()``.
+        sleep: Performs ``Sleep`` without a ``stop`` (default ``time.sleep``, looked up at
+            each call: the injection point for a test's clock).
+    """
+
+    def __init__(self, store: LeaseStore, calibrate: Callable[[], None] | None = None,
+                 stop: threading.Event | None = None,
+                 claim: Callable[..., Any] | None = None,
+                 sleep: Callable[[float], None] | None = None) -> None:
+        self.store = store
+        self.api = store.api
+        self._calibrate = calibrate or (lambda: None)
+        self._claim = claim
+        self._sleeper = sleep
+        self.stop = stop
+        self._stream: WatchStream | None = None
+        self._lock = threading.Lock()
+
+    def perform(self, step: Step) -> Any:
+        """Perform one step and return its answer (its exception propagates)."""
+        if isinstance(step, Read):
+            return self.store.get(step.namespace, step.name, step.timeout)
+        if isinstance(step, Write):
+            return self.store.write_status(step.observed, step.status, step.timeout)
+        if isinstance(step, ServerTime):
+            return self.api.server_now()
+        if isinstance(step, Call):
+            return self.store.call(step.call, step.timeout)
+        if isinstance(step, Watch):
+            return self._watch(step)
+        if isinstance(step, Sleep):
+            return self._sleep(step.seconds)
+        if isinstance(step, Calibrate):
+            return self._calibrate()
+        if isinstance(step, ClaimBy):
+            return _claim_by(self._claim, step)
+        return self.api.whoami()
+
+    def interrupt(self) -> None:
+        """Close the open watch now, from any thread; the operation decides what follows."""
+        with self._lock:
+            stream = self._stream
+        if stream is not None:
+            stream.close()
+
+    def _sleep(self, seconds: float) -> None:
+        if self.stop is None:
+            (self._sleeper or time.sleep)(max(0.0, seconds))
+        elif self.stop.wait(max(0.0, seconds)):
+            raise Stopped()
+
+    def _watch(self, step: Watch) -> None:
+        stream = self.api.watch(step.path, step.query, timeout=step.seconds + WATCH_SLACK)
+        with self._lock:
+            self._stream = stream
+        try:
+            if self.stop is not None and self.stop.is_set():
+                stream.close()
+            for event in stream:
+                step.on_event(str(event.get("type")), event["object"])
+        finally:
+            with self._lock:
+                self._stream = None
+        if self.stop is not None and self.stop.is_set():
+            raise Stopped()
+
+
+class AsyncPort:
+    """Performs steps with an ``AsyncLeaseStore`` (the asyncio client's I/O).
+
+    A stop is a task cancellation: ``CancelledError`` passes through the driver.
+    """
+
+    def __init__(self, store: AsyncLeaseStore, calibrate: Callable[[], Any] | None = None,
+                 claim: Callable[..., Any] | None = None) -> None:
+        self.store = store
+        self.api = store.api
+        self._calibrate = calibrate
+        self._claim = claim
+
+    async def perform(self, step: Step) -> Any:
+        """Perform one step and return its answer (its exception propagates)."""
+        if isinstance(step, Read):
+            return await self.store.get(step.namespace, step.name, step.timeout)
+        if isinstance(step, Write):
+            return await self.store.write_status(step.observed, step.status, step.timeout)
+        if isinstance(step, ServerTime):
+            return await self.api.server_now()
+        if isinstance(step, Call):
+            return await self.store.call(step.call, step.timeout)
+        if isinstance(step, Watch):
+            return await self.api.watch(step.path, {**step.query, "watch": "true"},
+                                        step.on_event,
+                                        idle_timeout=step.seconds + WATCH_IDLE_SLACK)
+        if isinstance(step, Sleep):
+            return await asyncio.sleep(max(0.0, step.seconds))
+        if isinstance(step, Calibrate):
+            return None if self._calibrate is None else await self._calibrate()
+        if isinstance(step, ClaimBy):
+            return await _claim_by(self._claim, step)
+        return await self.api.whoami()
+
+
+def _claim_by(claim: Callable[..., Any] | None, step: ClaimBy) -> Any:
+    if claim is None:
+        raise TypeError("this port was built without a client's claim() to perform ClaimBy")
+    return claim(step.name, step.holder, observed=step.observed, claim_id=step.claim_id,
+                 max_conflicts=step.max_conflicts)
+
+
+def drive(steps: Steps[T], port: SyncPort) -> T:
+    """Run an operation to its end, performing each step with ``port`` (blocking)."""
+    answer: Any = None
+    failure: Exception | None = None
+    while True:
+        try:
+            step = steps.send(answer) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            answer, failure = port.perform(step), None
+        except Exception as err:
+            answer, failure = None, err
+
+
+async def adrive(steps: Steps[T], port: AsyncPort) -> T:
+    """Run an operation to its end, awaiting each step with ``port``.
+
+    A cancellation (``BaseException``) is not thrown into the operation: it ends the
+    driver at once, as cancelling a direct ``await`` would.
+    """
+    answer: Any = None
+    failure: Exception | None = None
+    while True:
+        try:
+            step = steps.send(answer) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            answer, failure = await port.perform(step), None
+        except Exception as err:
+            answer, failure = None, err
