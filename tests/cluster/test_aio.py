@@ -286,7 +286,9 @@ def test_ten_coroutines_work_through_a_pool(cluster: Any, leases: LeaseClient) -
         async with client_for(cluster, leases.namespace) as client, \
                 client.pool("pool=p") as pool:
             ends = sum(await asyncio.gather(*(worker(pool, f"w{i}") for i in range(10))))
-            assert pool.unfinished() == 0 and len(pool) == 8
+            # the one feed of both pools leaves finished jobs out on the server (the async
+            # pool used to cache all 8 Completed ones; issue 23, item 2)
+            assert pool.unfinished() == 0 and len(pool) == 0
             # a claim_next waiting on an empty pool wakes on the watch's ADDED event
             waiting = asyncio.ensure_future(pool.claim_next("late", timeout=20))
             await asyncio.sleep(0.5)

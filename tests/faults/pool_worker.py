@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.faults.pool_worker HISTORY_DIR PROCESS -- <joblease work arguments>``.
 It is the real CLI (``joblease.cli.main``) in a real process; the only addition is a
-recording wrapper around the SDK's four lease operations (``LeaseClient._claim_outcome``,
+recording wrapper around the SDK's four lease operations (``LeaseClient.claim``,
 ``Lease.renew``, ``Lease.complete``, ``Lease.release``), installed on the classes before the
 CLI starts, so whatever calls them — the pool's ``claim_next``, the runner's ``Holding``, the
 drain — lands in ``HISTORY_DIR/PROCESS.jsonl`` in the format of ``docs/history-format.md``.
@@ -27,7 +27,6 @@ from typing import Any
 
 from joblease.domain.errors import LeaseFinishedError, LeaseNotReadyError
 from joblease.kube.api import ConflictError
-from joblease.kube.transact import Outcome
 from joblease.sdk.client import Lease, LeaseClient
 
 from .history import OK, REFUSED, Recorder
@@ -44,11 +43,11 @@ def _bounds_of(client: LeaseClient) -> Callable[[], tuple[float, float]]:
 def install(rec: Recorder) -> None:
     """Wrap the SDK's lease operations so that each is recorded in ``rec``.
 
-    Claims are recorded at ``LeaseClient._claim_outcome``, the one step that both
-    ``LeaseClient.claim`` and the pool's ``claim_next`` go through.
+    Claims are recorded at ``LeaseClient.claim``, the one public step that both direct
+    claims and the pool's ``claim_next`` go through (``joblease.core.claiming``).
     """
     original_init = LeaseClient.__init__
-    original_claim = LeaseClient._claim_outcome
+    original_claim = LeaseClient.claim
 
     @functools.wraps(original_init)
     def init(self: LeaseClient, *args: Any, **kwargs: Any) -> None:
@@ -57,13 +56,19 @@ def install(rec: Recorder) -> None:
             rec.server_now = _bounds_of(self)
 
     @functools.wraps(original_claim)
-    def claim_outcome(self: LeaseClient, name: str, who: str, claim_id: str,
-                      **kwargs: Any) -> Outcome:
-        op = rec.invoke("claim", name, holder=who)
+    def claim(self: LeaseClient, name: str, holder: str | None = None, **kwargs: Any) -> Lease:
+        op = rec.invoke("claim", name, holder=self.resolve_holder(holder))
         try:
-            outcome = original_claim(self, name, who, claim_id, **kwargs)
+            lease = original_claim(self, name, holder, **kwargs)
         except LeaseNotReadyError as err:
             rec.complete(op, REFUSED, reason="not-ready", error=type(err).__name__)
+            raise
+        except LeaseFinishedError as err:
+            if err.written is not None:  # the expired holder's attempt was the last: Failed
+                rec.complete(op, REFUSED, reason="finished", error="LeaseFinishedError",
+                             message=str(err)[:300])
+            else:
+                _record_error(rec, op, err)
             raise
         except ConflictError as err:  # a 409: certainly not applied
             rec.complete(op, REFUSED, reason="contention", error=type(err).__name__)
@@ -71,18 +76,15 @@ def install(rec: Recorder) -> None:
         except BaseException as err:
             _record_error(rec, op, err)
             raise
-        st = outcome.observed.status
-        if outcome.transition is not None and outcome.transition.kind == "failed":
-            # the expired holder's attempt was the last: this claim wrote Failed
-            rec.complete(op, REFUSED, reason="finished", error="LeaseFinishedError",
-                         message=outcome.transition.message[:300])
-        else:
-            rec.complete(op, OK, generation=st.generation, epoch=st.epoch,
-                         lease_until=ms(st.lease_until), holder=st.holder)
-        return outcome
+        observed = lease.observed
+        assert observed is not None
+        st = observed.status
+        rec.complete(op, OK, generation=st.generation, epoch=st.epoch,
+                     lease_until=ms(st.lease_until), holder=st.holder)
+        return lease
 
     LeaseClient.__init__ = init  # type: ignore[method-assign]
-    LeaseClient._claim_outcome = claim_outcome  # type: ignore[method-assign]
+    LeaseClient.claim = claim  # type: ignore[method-assign]
     for verb in ("renew", "complete", "release"):
         setattr(Lease, verb, _recorded(rec, verb, getattr(Lease, verb)))
 
@@ -106,7 +108,7 @@ def _recorded(rec: Recorder, verb: str, action: Callable[..., None]) -> Callable
             _record_error(rec, op, err)
             raise
         if verb == "release":  # a retried failed release may have ended it Failed, silently
-            observed = getattr(self, "_observed", None)
+            observed = self.observed
             phase = observed.status.phase.value if observed is not None else "Available"
             rec.complete(op, OK, generation=self.generation, phase=phase)
         else:

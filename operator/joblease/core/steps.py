@@ -134,6 +134,7 @@ class SyncPort:
         self._sleeper = sleep
         self.stop = stop
         self._stream: WatchStream | None = None
+        self._interrupted = False  # an interrupt that came while no watch was open
         self._lock = threading.Lock()
 
     def perform(self, step: Step) -> Any:
@@ -157,9 +158,14 @@ class SyncPort:
         return self.api.whoami()
 
     def interrupt(self) -> None:
-        """Close the open watch now, from any thread; the operation decides what follows."""
+        """Close the open watch now, from any thread; the operation decides what follows.
+
+        Between two watches (a list, a pause, a watch being opened) the interrupt is kept
+        and ends the next watch as soon as it opens, so it is never lost.
+        """
         with self._lock:
             stream = self._stream
+            self._interrupted = stream is None
         if stream is not None:
             stream.close()
 
@@ -173,8 +179,9 @@ class SyncPort:
         stream = self.api.watch(step.path, step.query, timeout=step.seconds + WATCH_SLACK)
         with self._lock:
             self._stream = stream
+            interrupted, self._interrupted = self._interrupted, False
         try:
-            if self.stop is not None and self.stop.is_set():
+            if interrupted or (self.stop is not None and self.stop.is_set()):
                 stream.close()
             for event in stream:
                 step.on_event(str(event.get("type")), event["object"])
