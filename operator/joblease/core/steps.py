@@ -38,7 +38,7 @@ from joblease.domain.lease import Observed
 from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.api import DEFAULT_TIMEOUT, WatchStream
 from joblease.kube.leases import LeaseCall, LeaseStore
-from joblease.kube.transact import Read, ServerTime, Write
+from joblease.kube.transact import Read, ServerTime, Write, arun_steps, run_steps
 
 T = TypeVar("T")
 EventHandler = Callable[[str, dict[str, Any]], None]
@@ -237,33 +237,12 @@ def _claim_by(claim: Callable[..., Any] | None, step: ClaimBy) -> Any:
 
 def drive(steps: Steps[T], port: SyncPort) -> T:
     """Run an operation to its end, performing each step with ``port`` (blocking)."""
-    answer: Any = None
-    failure: Exception | None = None
-    while True:
-        try:
-            step = steps.send(answer) if failure is None else steps.throw(failure)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            answer, failure = port.perform(step), None
-        except Exception as err:
-            answer, failure = None, err
+    return run_steps(steps, port.perform)
 
 
 async def adrive(steps: Steps[T], port: AsyncPort) -> T:
     """Run an operation to its end, awaiting each step with ``port``.
 
-    A cancellation (``BaseException``) is not thrown into the operation: it ends the
-    driver at once, as cancelling a direct ``await`` would.
+    A cancellation is not thrown into the operation: it ends the driver at once.
     """
-    answer: Any = None
-    failure: Exception | None = None
-    while True:
-        try:
-            step = steps.send(answer) if failure is None else steps.throw(failure)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            answer, failure = await port.perform(step), None
-        except Exception as err:
-            answer, failure = None, err
+    return await arun_steps(steps, port.perform)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError
@@ -25,6 +25,7 @@ from joblease.kube.api import DEFAULT_TIMEOUT, ConflictError, UnavailableError
 from joblease.kube.leases import LeaseStore
 
 Decide = Callable[[Observed, ServerNow], Transition | None]
+T = TypeVar("T")
 MAX_CONFLICTS = 8
 
 
@@ -177,14 +178,7 @@ def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
     """
     steps = transaction(namespace, name, decide, store.api.monotonic, observed=observed,
                         max_conflicts=max_conflicts, deadline=deadline)
-    answer: Any = None
-    failure: Exception | None = None
-    while True:
-        try:
-            step = steps.send(answer) if failure is None else steps.throw(failure)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        answer, failure = _answer(_perform, store, step)
+    return run_steps(steps, lambda step: _perform(store, step))
 
 
 async def atransact(store: AsyncStore, namespace: str, name: str, decide: Decide, *,
@@ -197,6 +191,16 @@ async def atransact(store: AsyncStore, namespace: str, name: str, decide: Decide
     """
     steps = transaction(namespace, name, decide, store.api.monotonic, observed=observed,
                         max_conflicts=max_conflicts, deadline=deadline)
+    return await arun_steps(steps, lambda step: _perform_async(store, step))
+
+
+def run_steps(steps: Generator[Any, Any, T], perform: Callable[[Any], Any]) -> T:
+    """Run a sans-IO operation to its end: ``perform`` each step, send its answer back.
+
+    A step's ``Exception`` is thrown back into the operation, which sees it exactly as it
+    would see it from a direct call. The one sync driver loop (``joblease.core.steps``
+    drives the client's operations with it too).
+    """
     answer: Any = None
     failure: Exception | None = None
     while True:
@@ -204,7 +208,30 @@ async def atransact(store: AsyncStore, namespace: str, name: str, decide: Decide
             step = steps.send(answer) if failure is None else steps.throw(failure)
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
-        answer, failure = await _answer_async(_perform_async(store, step))
+        try:
+            answer, failure = perform(step), None
+        except Exception as err:
+            answer, failure = None, err
+
+
+async def arun_steps(steps: Generator[Any, Any, T],
+                     perform: Callable[[Any], Awaitable[Any]]) -> T:
+    """:func:`run_steps` with an awaited ``perform`` (the one asyncio driver loop).
+
+    A cancellation (a ``BaseException``) is not thrown into the operation: it ends the
+    driver at once, as cancelling a direct ``await`` would.
+    """
+    answer: Any = None
+    failure: Exception | None = None
+    while True:
+        try:
+            step = steps.send(answer) if failure is None else steps.throw(failure)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        try:
+            answer, failure = await perform(step), None
+        except Exception as err:
+            answer, failure = None, err
 
 
 def _perform(store: LeaseStore, step: Step) -> Any:
@@ -221,22 +248,6 @@ async def _perform_async(store: AsyncStore, step: Step) -> Any:
     if isinstance(step, Write):
         return await store.write_status(step.observed, step.status, step.timeout)
     return await store.api.server_now()
-
-
-def _answer(perform: Callable[[LeaseStore, Step], Any], store: LeaseStore, step: Step
-            ) -> tuple[Any, Exception | None]:
-    """A request's answer, or the exception to throw back into the transaction."""
-    try:
-        return perform(store, step), None
-    except Exception as err:
-        return None, err
-
-
-async def _answer_async(request: Awaitable[Any]) -> tuple[Any, Exception | None]:
-    try:
-        return await request, None
-    except Exception as err:
-        return None, err
 
 
 def _timeout(monotonic: Callable[[], float], deadline: float | None) -> float:
