@@ -28,7 +28,6 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 from joblease.domain.errors import (
     LeaseError,
@@ -36,12 +35,9 @@ from joblease.domain.errors import (
     LeaseLostError,
     RenewalStoppedError,
 )
-from joblease.domain.holder import RENEW_FRACTION, renew_interval, retry_delay
+from joblease.domain.holder import RENEW_FRACTION, AsyncHeldLease, renew_interval, retry_delay
 from joblease.domain.token import FencingToken
 from joblease.kube.api import ApiError
-
-if TYPE_CHECKING:
-    from joblease.aio.client import AsyncLease
 
 log = logging.getLogger("joblease.aio")
 
@@ -66,7 +62,7 @@ class AsyncLeaseHolding:
             before its deadline.
     """
 
-    def __init__(self, lease: AsyncLease, renew_fraction: float = RENEW_FRACTION, *,
+    def __init__(self, lease: AsyncHeldLease, renew_fraction: float = RENEW_FRACTION, *,
                  stop_before: float = 0.0) -> None:
         self.lease = lease
         self.lost = asyncio.Event()

@@ -11,6 +11,9 @@ is decided once. The clients only move requests and wait.
 * :func:`for_incarnation`: a decision that refuses another incarnation (uid) of the name.
 * :func:`renew_interval`, :func:`retry_delay`: the renewal cadence and its backoff.
 * :func:`seconds_until_claimable`: how long a waiting claimer sleeps.
+* :class:`HeldLease`, :class:`AsyncHeldLease`: what a holding (``sdk.hold``, ``aio.hold``)
+  needs of the lease it guards — the seam that lets holdings depend on this module
+  rather than on the clients, and lets tests hold a scripted lease.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.errors import LeaseFinishedError, LeaseGoneError
+from joblease.domain.errors import LeaseFinishedError, LeaseGoneError, LeaseLostError
 from joblease.domain.lease import Claim, Observed, Phase, Transition, add_time, decide_claim
+from joblease.domain.token import FencingToken
 
 DEFAULT_MARGIN = timedelta(milliseconds=250)
 IDENTITY_HOLDER = "@identity"
@@ -30,6 +35,53 @@ MIN_RENEW_INTERVAL = 0.05
 MAX_RETRY_DELAY = 1.0
 
 Decide = Callable[[Observed, ServerNow], Transition | None]
+
+
+class _LeaseState(Protocol):
+    """The part of a held lease both holdings read: its claim, its end, its loss."""
+
+    name: str
+    holder: str
+    token: FencingToken
+    lease_until: datetime | None
+    deadline: float
+    loss: LeaseLostError | None
+
+    @property
+    def generation(self) -> int:
+        """The claim counter (the token's second part)."""
+
+    def remaining(self) -> float:
+        """Seconds until the local deadline (negative once passed)."""
+
+    def valid(self) -> bool:
+        """Whether the holder may still produce effects under the lease."""
+
+
+class HeldLease(_LeaseState, Protocol):
+    """What ``joblease.sdk.Holding`` needs of the lease it guards (``Lease`` has it)."""
+
+    def renew(self) -> None:
+        """Extend the lease; raise ``LeaseLostError`` if it is lost."""
+
+    def complete(self, result: str = "") -> None:
+        """Record the job as done under this claim."""
+
+    def release(self, failed: bool = False) -> None:
+        """Give the lease up (``failed`` counts an attempt)."""
+
+
+class AsyncHeldLease(_LeaseState, Protocol):
+    """What ``joblease.aio.AsyncLeaseHolding`` needs of its lease (``AsyncLease`` has it)."""
+
+    async def renew(self) -> None:
+        """Extend the lease; raise ``LeaseLostError`` if it is lost."""
+
+    async def complete(self, result: str = "") -> None:
+        """Record the job as done under this claim."""
+
+    async def release(self, failed: bool = False) -> None:
+        """Give the lease up (``failed`` counts an attempt)."""
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,15 @@ from joblease.domain.errors import (
     LeaseLostError,
     RenewalStoppedError,
 )
-from joblease.domain.holder import MAX_RETRY_DELAY, RENEW_FRACTION, renew_interval, retry_delay
+from joblease.domain.holder import (
+    MAX_RETRY_DELAY,
+    RENEW_FRACTION,
+    HeldLease,
+    renew_interval,
+    retry_delay,
+)
 from joblease.domain.token import FencingToken
 from joblease.kube.api import ApiError
-from joblease.sdk.client import Lease
 
 # The renewal cadence and backoff are the holder's protocol, shared with joblease.aio.
 __all__ = ["MAX_RETRY_DELAY", "RENEW_FRACTION", "AsyncHolding", "Holding",
@@ -75,7 +80,7 @@ class Holding:
             killed *by* the deadline, not a grace period after it).
     """
 
-    def __init__(self, lease: Lease, renew_fraction: float = RENEW_FRACTION, *,
+    def __init__(self, lease: HeldLease, renew_fraction: float = RENEW_FRACTION, *,
                  stop_before: float = 0.0) -> None:
         self.lease = lease
         self.lost = threading.Event()
@@ -265,7 +270,7 @@ class Holding:
 class AsyncHolding(Holding):
     """The asyncio flavour: the body's task is cancelled when the lease is lost."""
 
-    def __init__(self, lease: Lease, renew_fraction: float = RENEW_FRACTION, *,
+    def __init__(self, lease: HeldLease, renew_fraction: float = RENEW_FRACTION, *,
                  stop_before: float = 0.0) -> None:
         super().__init__(lease, renew_fraction, stop_before=stop_before)
         self._task: asyncio.Task[object] | None = None
