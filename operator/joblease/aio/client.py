@@ -68,9 +68,9 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
         self._calibration_due = calibrate
         self._calibration_lock = asyncio.Lock()
         self._identity: str | None = None
-        self._pools: dict[str | None, AsyncPool] = {}
+        self._pools: dict[str | None, AsyncPool[AsyncLease]] = {}
         self._closed = False
-        self._port = AsyncPort(self.store, calibrate=self._calibrate_if_due)
+        self._port = AsyncPort(self.store, calibrate=self.calibrate_if_due)
 
     async def calibrate(self) -> timedelta:
         """Narrow the server-clock estimate to about a round trip; return the error bound.
@@ -83,8 +83,12 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
             await self.api.calibrate()
         return (await self.api.server_now()).error
 
-    async def _calibrate_if_due(self) -> None:
-        """The documented lazy step: calibrate once, before the first claim or resume."""
+    async def calibrate_if_due(self) -> None:
+        """The documented lazy step: calibrate once, unless done or turned off.
+
+        What the first ``claim``, ``wait_claim``, ``resume`` or ``claim_next`` does by
+        itself with ``calibrate=True``; a pool calls it before its first choice.
+        """
         if self._calibration_due:
             async with self._calibration_lock:
                 if self._calibration_due:  # another coroutine may have done it meanwhile
@@ -206,7 +210,7 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
         """
         return AsyncLeaseHolding(lease, renew_fraction, stop_before=stop_before)
 
-    def pool(self, selector: str | None, *, spread: int = DEFAULT_SPREAD) -> AsyncPool:
+    def pool(self, selector: str | None, *, spread: int = DEFAULT_SPREAD) -> AsyncPool[AsyncLease]:
         """The work pool of JobLeases matching the label ``selector`` in this namespace.
 
         ``async with client.pool("team=batch") as pool:`` lists and watches once for every

@@ -25,19 +25,44 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Generic, Protocol, TypeVar
 
-from joblease.core.claiming import claim_chosen
+from joblease.core.claiming import PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, Feed
 from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
+from joblease.kube.aioapi import AsyncKubeApi
+from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.api import ApiError, UnavailableError
 
-if TYPE_CHECKING:
-    from joblease.aio.client import AsyncLease, AsyncLeaseClient
+L = TypeVar("L", bound=PooledLease)
+L_co = TypeVar("L_co", bound=PooledLease, covariant=True)
+
+
+class AsyncPoolClient(Protocol[L_co]):
+    """What an :class:`AsyncPool` needs of its client (``AsyncLeaseClient``): its public surface."""
+
+    namespace: str
+    store: AsyncLeaseStore
+    api: AsyncKubeApi
+
+    async def calibrate_if_due(self) -> None:
+        """Calibrate once, before the first choice."""
+
+    async def resolve_holder(self, holder: str | None) -> str:
+        """The holder written."""
+
+    async def margin(self) -> timedelta:
+        """The margin in force now."""
+
+    async def claim(self, name: str, holder: str | None = None, *,
+                    observed: Observed | None = None, claim_id: str | None = None,
+                    max_conflicts: int = ...) -> L_co:
+        """Claim once (the pool's one conditional write)."""
 
 log = logging.getLogger("joblease.aio")
 MIN_WAIT = 0.01
@@ -46,7 +71,7 @@ MIN_WAIT = 0.01
 class _Sink:
     """What the feed calls (``joblease.core.feed.FeedSink``), kept off AsyncPool's surface."""
 
-    def __init__(self, pool: AsyncPool) -> None:
+    def __init__(self, pool: AsyncPool[Any]) -> None:
         self._pool = pool
 
     def replace(self, items: list[Observed], resource_version: str) -> None:
@@ -74,7 +99,7 @@ class _Sink:
         log.warning("JobLease pool %r: list/watch failed (%s); retrying", pool.selector, error)
 
 
-class AsyncPool:
+class AsyncPool(Generic[L]):
     """The JobLeases of one label selector in the client's namespace, claimed one at a time.
 
     ``async with client.pool(selector) as pool:`` starts the list+watch task (and stops it
@@ -87,7 +112,7 @@ class AsyncPool:
         claims: Claims won.
     """
 
-    def __init__(self, client: AsyncLeaseClient, selector: str | None, *,
+    def __init__(self, client: AsyncPoolClient[L], selector: str | None, *,
                  spread: int = DEFAULT_SPREAD, watch_seconds: int = WATCH_SECONDS) -> None:
         self.client = client
         self.selector = selector
@@ -114,7 +139,7 @@ class AsyncPool:
         """How many JobLeases of the pool are not Completed or Failed (as last seen)."""
         return self.view.unfinished()
 
-    async def __aenter__(self) -> AsyncPool:
+    async def __aenter__(self) -> AsyncPool[L]:
         self._start()
         return self
 
@@ -133,7 +158,7 @@ class AsyncPool:
 
     async def claim_next(self, holder: str | None = None, *, timeout: float | None = None,
                          spread: int | None = None, until_empty: bool = False
-                         ) -> AsyncLease | None:
+                         ) -> L | None:
         """Claim the next claimable JobLease of the pool, waiting up to ``timeout`` seconds.
 
         Args:
@@ -157,7 +182,7 @@ class AsyncPool:
         """
         self._start()
         client = self.client
-        await client._calibrate_if_due()
+        await client.calibrate_if_due()
         who = await client.resolve_holder(holder)
         end = None if timeout is None else client.api.monotonic() + timeout
         width = self.spread if spread is None else spread
@@ -221,9 +246,9 @@ class AsyncPool:
 
     # -- claiming -----------------------------------------------------------------------------
 
-    async def _claim(self, chosen: Observed, who: str, end: float | None) -> AsyncLease | None:
+    async def _claim(self, chosen: Observed, who: str, end: float | None) -> L | None:
         """Claim ``chosen`` (steps 2-4, ``joblease.core.claiming``); ``None``: choose again."""
-        lease: AsyncLease | Exception = await adrive(
+        lease: L | Exception = await adrive(
             claim_chosen(chosen, who, end, self.client.api.monotonic), self._port)
         if isinstance(lease, Exception):
             written = lease.written if isinstance(lease, LeaseFinishedError) else None

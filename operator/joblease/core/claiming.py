@@ -21,7 +21,7 @@ Safety never rests on the cache: every claim is the same compare-and-swap as any
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from joblease.core.steps import ClaimBy, Sleep, Steps
 from joblease.domain.errors import LeaseNotFoundError, LeaseUnavailableError
@@ -29,6 +29,15 @@ from joblease.domain.lease import Observed
 from joblease.kube.api import ConflictError, UnavailableError
 from joblease.kube.identity import new_claim_id
 from joblease.kube.transact import MAX_CONFLICTS, ContentionError
+
+
+class PooledLease(Protocol):
+    """What a pool needs of the leases its client's ``claim()`` returns (``Lease``)."""
+
+    @property
+    def observed(self) -> Observed | None:
+        """The JobLease as the claim wrote it (the pool's view learns it)."""
+
 
 FIRST_PAUSE = 0.05
 LOST_ANSWER_PAUSE_MAX = 2.0

@@ -78,9 +78,9 @@ class LeaseClient(ClientCore["Lease"]):
         self._calibration_lock = threading.Lock()
         self._identity: str | None = None
         self._closed = False
-        self._pools: dict[str, Pool] = {}
+        self._pools: dict[str, Pool[Lease]] = {}
         self._pools_lock = threading.Lock()
-        self._port = SyncPort(self.store, calibrate=self._calibrate_if_due)
+        self._port = SyncPort(self.store, calibrate=self.calibrate_if_due)
 
     def calibrate(self) -> timedelta:
         """Narrow the server-clock estimate to about a round trip; return the error bound.
@@ -99,8 +99,12 @@ class LeaseClient(ClientCore["Lease"]):
             self.api.calibrate()
         return self.api.server_now().error
 
-    def _calibrate_if_due(self) -> None:
-        """The documented lazy step: calibrate once, before the first claim or resume."""
+    def calibrate_if_due(self) -> None:
+        """The documented lazy step: calibrate once, unless done or turned off.
+
+        What the first ``claim``, ``wait_claim``, ``resume`` or ``claim_next`` does by
+        itself with ``calibrate=True``; a pool calls it before its first choice.
+        """
         if self._calibration_due:
             with self._calibration_lock:
                 if self._calibration_due:  # another thread may have done it meanwhile
@@ -193,7 +197,7 @@ class LeaseClient(ClientCore["Lease"]):
             name, holder, claim_id, observed=observed, max_conflicts=max_conflicts)),
             self._port)
 
-    def pool(self, selector: str, *, spread: int = DEFAULT_SPREAD) -> Pool:
+    def pool(self, selector: str, *, spread: int = DEFAULT_SPREAD) -> Pool[Lease]:
         """A work pool: the JobLeases of this namespace matching the label ``selector``.
 
         The pool lists them once and then watches them, in a thread of its own, so that

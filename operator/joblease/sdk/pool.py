@@ -29,20 +29,42 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Any, Generic, Protocol, TypeVar
 
-from joblease.core.claiming import claim_chosen
+from joblease.core.claiming import PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, LeaseFeed
 from joblease.core.steps import SyncPort, drive
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
-from joblease.kube.api import ApiError, UnavailableError
+from joblease.kube.api import ApiError, KubeApi, UnavailableError
+from joblease.kube.leases import LeaseStore
 
-if TYPE_CHECKING:
-    from joblease.sdk.client import Lease, LeaseClient
+L = TypeVar("L", bound=PooledLease)
+L_co = TypeVar("L_co", bound=PooledLease, covariant=True)
+
+
+class PoolClient(Protocol[L_co]):
+    """What a :class:`Pool` needs of its client (``LeaseClient``): the public surface only."""
+
+    namespace: str
+    store: LeaseStore
+    api: KubeApi
+
+    def calibrate_if_due(self) -> None:
+        """Calibrate once, before the first choice."""
+
+    def resolve_holder(self, holder: str | None) -> str:
+        """The holder written."""
+
+    def margin(self) -> timedelta:
+        """The margin in force now."""
+
+    def claim(self, name: str, holder: str | None = None, *, observed: Observed | None = None,
+              claim_id: str | None = None, max_conflicts: int = ...) -> L_co:
+        """Claim once (the pool's one conditional write)."""
 
 DEFAULT_SYNC_TIMEOUT = 30.0
 
@@ -52,7 +74,7 @@ log = logging.getLogger(__name__)
 class _Sink:
     """What the feed's thread calls (``joblease.core.feed.FeedSink``), kept off Pool's surface."""
 
-    def __init__(self, pool: Pool) -> None:
+    def __init__(self, pool: Pool[Any]) -> None:
         self._pool = pool
 
     def replace(self, items: list[Observed], resource_version: str) -> None:
@@ -72,7 +94,7 @@ class _Sink:
         self._pool._report(error)
 
 
-class Pool:
+class Pool(Generic[L]):
     """The JobLeases of one label selector, kept current by a watch; claims the next one.
 
     Thread-safe: one pool serves every thread of a worker (``joblease work`` runs K jobs
@@ -80,7 +102,8 @@ class Pool:
     its watch.
 
     Args:
-        client: The ``LeaseClient`` whose identity, margin and clock estimate it uses.
+        client: The ``LeaseClient`` whose identity, margin and clock estimate it uses
+            (any :class:`PoolClient`: the pool uses only the client's public surface).
         selector: A label selector (``team=batch,queue=nightly``); ``""`` is every JobLease
             of the client's namespace.
         spread: The default ``spread`` of :meth:`claim_next`.
@@ -95,7 +118,7 @@ class Pool:
         claims: Claims won.
     """
 
-    def __init__(self, client: LeaseClient, selector: str, *, spread: int = DEFAULT_SPREAD,
+    def __init__(self, client: PoolClient[L], selector: str, *, spread: int = DEFAULT_SPREAD,
                  watch_seconds: int = WATCH_SECONDS) -> None:
         self.selector = selector
         self.spread = spread
@@ -122,7 +145,7 @@ class Pool:
     # -- the public surface ----------------------------------------------------------------
 
     def claim_next(self, holder: str | None = None, *, timeout: float | None = None,
-                   spread: int | None = None, until_empty: bool = False) -> Lease | None:
+                   spread: int | None = None, until_empty: bool = False) -> L | None:
         """Claim the next claimable JobLease of the pool, waiting up to ``timeout`` seconds.
 
         Args:
@@ -148,7 +171,7 @@ class Pool:
                 (``ForbiddenError`` from the holder-only admission policy).
             PoolClosedError: the pool's watch stopped on an unexpected error (its cause).
         """
-        self._client._calibrate_if_due()
+        self._client.calibrate_if_due()
         who = self._client.resolve_holder(holder)
         deadline = None if timeout is None else time.monotonic() + timeout
         width = self.spread if spread is None else spread
@@ -185,7 +208,7 @@ class Pool:
         self.feed.stop()
         self._thread.join(timeout=5)
 
-    def __enter__(self) -> Pool:
+    def __enter__(self) -> Pool[L]:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -287,9 +310,9 @@ class Pool:
 
     # -- claiming ---------------------------------------------------------------------------
 
-    def _claim(self, chosen: Observed, who: str, deadline: float | None) -> Lease | None:
+    def _claim(self, chosen: Observed, who: str, deadline: float | None) -> L | None:
         """Claim ``chosen`` (steps 2-4, ``joblease.core.claiming``); ``None``: choose again."""
-        lease: Lease | Exception = drive(claim_chosen(chosen, who, deadline, time.monotonic),
+        lease: L | Exception = drive(claim_chosen(chosen, who, deadline, time.monotonic),
                                          self._port)
         if isinstance(lease, Exception):
             self._lost(chosen, lease)
