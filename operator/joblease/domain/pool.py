@@ -1,62 +1,73 @@
 """A work pool's view of its JobLeases: which one to claim next, and when to look again.
 
 Pure: the caller (``joblease.sdk.pool``, ``joblease.aio``, the simulator) feeds it the list
-and the watch events of one label selector and asks it to choose. Nothing here talks to
-the API server, so the sync and the async client share every decision, and the simulator
-runs the very same code.
+and the watch events of one label selector, and the pool's live workers, and asks it to
+choose. Nothing here talks to the API server, so the sync and the async client share every
+decision, and the simulator runs the very same code.
 
 Choosing
 --------
 1. A JobLease is a candidate when :func:`~joblease.domain.lease.claimable_at` says a claim
    may succeed by now (the earliest server time): not finished, not held or held past
    ``leaseUntil + margin``, and past its backoff (``notBefore``).
-2. Candidates are ordered by ``spec.priority`` (higher first), then by creation (older
-   first), then by name: FIFO within a priority.
-3. Workers must not herd onto the first candidate: each worker takes the one of the first
-   ``window`` candidates *of the top priority* that ranks highest under rendezvous hashing
-   of (worker, job), where ``window`` is ``spread`` or, if larger, ``WINDOW_PER_HOLDER``
-   (8) slots per active holder the view shows (distinct ``status.holder`` of Held
-   JobLeases). Different workers thus usually pick different jobs without talking to
-   each other, a worker's choice is stable while the window does not change, and a lower
-   priority is never chosen while a higher one has a candidate.
+2. Candidates are ordered by ``spec.priority`` (higher first), then by creation: the
+   ``creationTimestamp`` (whole seconds), then the creation revision
+   (:func:`creation_revision`: ``status.epoch``, else the first version's
+   ``resourceVersion``; etcd revisions strictly increase, so jobs created in the same
+   second keep their creation order), then the name.
+3. One owner per job, and turns: the view knows the pool's live workers (presence records
+   fed to :meth:`PoolView.note_worker`, and every holder it caches, until its
+   ``leaseUntil``). Rendezvous hashing of the *job* over them ranks them; rank 0 is the
+   job's owner. Time from the job's origin (:func:`turn_origin`: its creation, or when it
+   became claimable again) is cut into turns of ``step`` (0.5 s) that pass from rank to
+   rank, round and round (:func:`turn_due`); a worker takes the first candidate *of the
+   top priority* whose turn is its own now, and not in the first ``guard`` (0.25 s) of a
+   turn. A lower priority is never chosen while a higher one has a candidate, even if
+   that means waiting for a turn. A worker alone takes the first candidate: exact FIFO.
 4. A name the caller just failed to claim (409, refused) is set aside until the watch
    reports a newer version of it than the one the claim was decided from, so a worker does
    not ask twice about what it already knows is taken (and does not skip a version it has
    not tried).
 
+Safety never depends on step 3: every claim is one conditional write, and two workers that
+disagree about the live workers or the time only waste a write.
+
 How often workers collide
 -------------------------
-Without talking to each other, ``N`` workers choosing among a window of ``W`` candidates
-pick like ``N`` independent uniform draws (rendezvous hashing), so the birthday bound
-applies: a worker's first pick collides with another's with probability
-``1 - (1 - 1/W)**(N - 1)`` (about ``(N - 1) / W``; 8 workers over a full window of 32:
-about 20 %). A collision costs the loser one 409 and an immediate second choice. A wider
-``spread`` means fewer collisions and a looser FIFO; ``tests/unit/test_pool_view.py``
-measures the rate against this bound.
+At any instant a job is the turn of exactly one worker of those a view knows, so two
+workers that agree on the live workers never act on one job at the same time; and one that
+acts at the start of its turn (after the guard) already sees a claim made at the end of the
+turn before, as long as its view lags less than the guard. What remains: views that
+disagree on the live workers (a presence just lapsed or appeared: some jobs change owner),
+lag beyond the guard, or clocks further apart than the guard's slack.
+``tests/unit/test_pool_contention.py`` measures it with views lagging 200 ms (20 workers):
+0 wasted writes per job with 100 arrivals/s, in a trickle of 5/s and in a drain of 600,
+against 9.6, 19 and 1.6 with the previous design (each worker took the job of a window
+that ranked highest *for it*: independent draws, which collide at the birthday bound).
 
-A fixed window makes the rate grow with the number of workers (20 over 32: about 45 % by
-the formula), so the window grows with the workers the view can see are active: 8 slots
-per holder keeps ``(N - 1) / W`` near 1/8 however many there are (``python -m
-bench.choose``: 20 workers choosing at once collide on 1.18 of 20 first picks, 4.86 with
-a window of 32). The price: FIFO within a priority is looser (a job may be taken up to
-``W`` places after its turn, ``W`` = 160 for 20 workers); priority stays strict, since
-the window never crosses into a lower priority. The factor was picked by measurement: a
-drain of 600 jobs by 20 workers wasted 0.58 writes per job with a window of 32, 0.36
-with 4 per holder, 0.24 with 8 (docs/benchmarks.md).
+The price is waiting. A job waits for a turn whose worker is free: in a drain a job starts
+on average under ``N`` places after its turn (``N`` live workers), at most about ``5 N``
+(same test); a drain of 600 by 20 workers takes 6.5 s where perfect handing-out needs
+about 4.8 s. A turn's worker that is busy or dead costs the job one turn (a dead one stops
+costing once its presence lapses); strict priority can make every worker wait for the one
+whose turn it is on the only top-priority job.
 
 Cost
 ----
 The view keeps the unfinished JobLeases' order keys in a sorted list (``bisect``, updated
-by every change) and a count of Held JobLeases per holder, so a choice reads the order
-from its front: its cost is the window plus the JobLeases skipped on the way (held,
-resting, set aside, excluded), not the size of the cache (``bench.choose``: 0.3 ms at
-10,000 cached, against 48 ms when every choice scanned them all).
+by every change), a count of Held JobLeases per holder, the held or resting names (for
+:meth:`PoolView.next_wake`) and each job's ranking of the live workers (recomputed only
+when they change: ``N`` hashes per job), so a choice reads the order from its front: its
+cost is the candidates read up to the first of its turns (about ``N``, at most the window)
+plus the JobLeases skipped on the way (held, resting, set aside, excluded), not the size
+of the cache.
 
 Waiting
 -------
 :meth:`PoolView.next_wake` is the earliest server time at which a non-candidate may become
-one (a holder's ``leaseUntil + margin``, a backoff's end); the caller sleeps until then or
-until the watch reports a change, whichever comes first.
+one (a holder's ``leaseUntil + margin``, a backoff's end), or at which the caller's next
+turn on a candidate the choice passed over begins; the caller sleeps until then or until
+the watch reports a change, whichever comes first.
 """
 
 from __future__ import annotations
