@@ -48,8 +48,9 @@ that ranked highest *for it*: independent draws, which collide at the birthday b
 The price is waiting. A job waits for a turn whose worker is free: in a drain a job starts
 on average under ``N`` places after its turn (``N`` live workers), at most about ``5 N``
 (same test); a drain of 600 by 20 workers takes 6.5 s (5.1 s with the old window, and
-934 refused writes), 1000 arrivals at 100/s with mixed priorities finish at 17.5 s (10.2 s). A turn's worker that is busy or dead costs the job one turn (a
-dead one stops costing once its presence lapses); strict priority can make every worker
+934 refused writes), 1000 arrivals at 100/s with mixed priorities finish at 17.5 s
+(10.2 s). A turn's worker that is busy or dead costs the job one turn (a dead one stops
+costing once its presence lapses); strict priority can make every worker
 wait for the one whose turn it is on the only top-priority job.
 
 Cost
