@@ -1,67 +1,80 @@
 """A work pool's view of its JobLeases: which one to claim next, and when to look again.
 
 Pure: the caller (``joblease.sdk.pool``, ``joblease.aio``, the simulator) feeds it the list
-and the watch events of one label selector and asks it to choose. Nothing here talks to
-the API server, so the sync and the async client share every decision, and the simulator
-runs the very same code.
+and the watch events of one label selector, and the pool's live workers, and asks it to
+choose. Nothing here talks to the API server, so the sync and the async client share every
+decision, and the simulator runs the very same code.
 
 Choosing
 --------
 1. A JobLease is a candidate when :func:`~joblease.domain.lease.claimable_at` says a claim
    may succeed by now (the earliest server time): not finished, not held or held past
    ``leaseUntil + margin``, and past its backoff (``notBefore``).
-2. Candidates are ordered by ``spec.priority`` (higher first), then by creation (older
-   first), then by name: FIFO within a priority.
-3. Workers must not herd onto the first candidate: each worker takes the one of the first
-   ``window`` candidates *of the top priority* that ranks highest under rendezvous hashing
-   of (worker, job), where ``window`` is ``spread`` or, if larger, ``WINDOW_PER_HOLDER``
-   (8) slots per active holder the view shows (distinct ``status.holder`` of Held
-   JobLeases). Different workers thus usually pick different jobs without talking to
-   each other, a worker's choice is stable while the window does not change, and a lower
-   priority is never chosen while a higher one has a candidate.
+2. Candidates are ordered by ``spec.priority`` (higher first), then by creation: the
+   ``creationTimestamp`` (whole seconds), then the creation revision
+   (:func:`creation_revision`: ``status.epoch``, else the first version's
+   ``resourceVersion``; etcd revisions strictly increase, so jobs created in the same
+   second keep their creation order), then the name.
+3. One owner per job, and turns: the view knows the pool's live workers (presence records
+   fed to :meth:`PoolView.note_worker`, and every holder it caches, until its
+   ``leaseUntil``). Rendezvous hashing of the *job* over them ranks them; rank 0 is the
+   job's owner. Time from the job's origin (:func:`turn_origin`: its creation, or when it
+   became claimable again) is cut into turns of ``step`` (0.5 s) that pass from rank to
+   rank, round and round (:func:`turn_due`); a worker takes the first candidate *of the
+   top priority* whose turn is its own now, and not in the first ``guard`` (0.25 s) of a
+   turn. A lower priority is never chosen while a higher one has a candidate, even if
+   that means waiting for a turn. A worker alone takes the first candidate: exact FIFO.
 4. A name the caller just failed to claim (409, refused) is set aside until the watch
    reports a newer version of it than the one the claim was decided from, so a worker does
    not ask twice about what it already knows is taken (and does not skip a version it has
    not tried).
 
+Safety never depends on step 3: every claim is one conditional write, and two workers that
+disagree about the live workers or the time only waste a write.
+
 How often workers collide
 -------------------------
-Without talking to each other, ``N`` workers choosing among a window of ``W`` candidates
-pick like ``N`` independent uniform draws (rendezvous hashing), so the birthday bound
-applies: a worker's first pick collides with another's with probability
-``1 - (1 - 1/W)**(N - 1)`` (about ``(N - 1) / W``; 8 workers over a full window of 32:
-about 20 %). A collision costs the loser one 409 and an immediate second choice. A wider
-``spread`` means fewer collisions and a looser FIFO; ``tests/unit/test_pool_view.py``
-measures the rate against this bound.
+At any instant a job is the turn of exactly one worker of those a view knows, so two
+workers that agree on the live workers never act on one job at the same time; and one that
+acts at the start of its turn (after the guard) already sees a claim made at the end of the
+turn before, as long as its view lags less than the guard. What remains: views that
+disagree on the live workers (a presence just lapsed or appeared: some jobs change owner),
+lag beyond the guard, or clocks further apart than the guard's slack.
+``tests/unit/test_pool_contention.py`` measures it with views lagging 200 ms (20 workers):
+0 wasted writes per job with 100 arrivals/s, in a trickle of 5/s and in a drain of 600,
+against 9.6, 19 and 1.6 with the previous design (each worker took the job of a window
+that ranked highest *for it*: independent draws, which collide at the birthday bound).
 
-A fixed window makes the rate grow with the number of workers (20 over 32: about 45 % by
-the formula), so the window grows with the workers the view can see are active: 8 slots
-per holder keeps ``(N - 1) / W`` near 1/8 however many there are (``python -m
-bench.choose``: 20 workers choosing at once collide on 1.18 of 20 first picks, 4.86 with
-a window of 32). The price: FIFO within a priority is looser (a job may be taken up to
-``W`` places after its turn, ``W`` = 160 for 20 workers); priority stays strict, since
-the window never crosses into a lower priority. The factor was picked by measurement: a
-drain of 600 jobs by 20 workers wasted 0.58 writes per job with a window of 32, 0.36
-with 4 per holder, 0.24 with 8 (docs/benchmarks.md).
+The price is waiting. A job waits for a turn whose worker is free: in a drain a job starts
+on average under ``N`` places after its turn (``N`` live workers), at most about ``5 N``
+(same test); a drain of 600 by 20 workers takes 6.5 s (5.1 s with the old window, and
+934 refused writes), 1000 arrivals at 100/s with mixed priorities finish at 17.5 s
+(10.2 s). A turn's worker that is busy or dead costs the job one turn (a dead one stops
+costing once its presence lapses); strict priority can make every worker
+wait for the one whose turn it is on the only top-priority job.
 
 Cost
 ----
 The view keeps the unfinished JobLeases' order keys in a sorted list (``bisect``, updated
-by every change) and a count of Held JobLeases per holder, so a choice reads the order
-from its front: its cost is the window plus the JobLeases skipped on the way (held,
-resting, set aside, excluded), not the size of the cache (``bench.choose``: 0.3 ms at
-10,000 cached, against 48 ms when every choice scanned them all).
+by every change), a count of Held JobLeases per holder, the held or resting names (for
+:meth:`PoolView.next_wake`) and each job's ranking of the live workers (recomputed only
+when they change: ``N`` hashes per job), so a choice reads the order from its front: its
+cost is the candidates read up to the first of its turns (about ``N``, at most the window)
+plus the JobLeases skipped on the way (held, resting, set aside, excluded), not the size
+of the cache.
 
 Waiting
 -------
 :meth:`PoolView.next_wake` is the earliest server time at which a non-candidate may become
-one (a holder's ``leaseUntil + margin``, a backoff's end); the caller sleeps until then or
-until the watch reports a change, whichever comes first.
+one (a holder's ``leaseUntil + margin``, a backoff's end), or at which the caller's next
+turn on a candidate the choice passed over begins; the caller sleeps until then or until
+the watch reports a change, whichever comes first.
 """
 
 from __future__ import annotations
 
 import hashlib
+import sys
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Collection, Iterable, Iterator
@@ -69,21 +82,122 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.lease import EARLIEST_TIME, Observed, Phase, claimable_at
+from joblease.domain.lease import (
+    EARLIEST_TIME,
+    Observed,
+    Phase,
+    claimable_at,
+    not_before,
+    parse_time,
+)
 
 DEFAULT_SPREAD = 32
 WINDOW_PER_HOLDER = 8
+TURN_STEP = timedelta(milliseconds=500)
+TURN_GUARD = timedelta(milliseconds=250)
+_NO_REVISION = sys.maxsize
 
-_OrderKey = tuple[int, datetime, str]
+_OrderKey = tuple[int, datetime, int, str]
 
 
 def _rank(worker: str, name: str) -> bytes:
-    """Rendezvous (highest random weight) score of ``name`` for ``worker``."""
+    """Rendezvous (highest random weight) score of the pair (``worker``, job ``name``)."""
     return hashlib.blake2b(f"{worker}\0{name}".encode(), digest_size=8).digest()
 
 
+def creation_revision(obs: Observed) -> int:
+    """The etcd revision at which ``obs``'s JobLease was created, as far as ``obs`` shows.
+
+    Why a revision: ``creationTimestamp`` has one-second resolution, so jobs created in the
+    same second would otherwise fall back to name order; revisions are cluster-wide and
+    strictly increase with every write, so they order creations exactly.
+
+    Where it comes from: ``status.epoch``, which the operator's initialization (or, without
+    the operator, the first claim) records from the version it read: the object's first
+    version, unless its metadata changed before (then a later revision, still a server-side
+    number near its creation). An object without an epoch has had no status write yet, so
+    its ``resourceVersion`` is its first version's (or a metadata change's). A non-numeric
+    resourceVersion (not the API server's) sorts after every number of its second.
+    """
+    if obs.status.epoch:
+        return obs.status.epoch
+    try:
+        return int(obs.resource_version)
+    except ValueError:
+        return _NO_REVISION
+
+
 def _order_key(obs: Observed) -> _OrderKey:
-    return (-obs.spec.priority, obs.created or EARLIEST_TIME, obs.name)
+    return (-obs.spec.priority, obs.created or EARLIEST_TIME, creation_revision(obs), obs.name)
+
+
+def owner_rank(worker: str, name: str, workers: Iterable[str]) -> int:
+    """``worker``'s place in job ``name``'s rendezvous ranking of ``workers`` (0: the owner).
+
+    Every worker that sees the same live workers computes the same ranking of each job, so
+    the owner is agreed on without talking. ``worker`` itself is always ranked, listed or
+    not; a name listed twice counts once.
+    """
+    return ranking(name, {*workers, worker})[worker]
+
+
+def ranking(name: str, workers: Collection[str]) -> dict[str, int]:
+    """Job ``name``'s rendezvous ranking of ``workers``: each worker's place, 0 the owner."""
+    order = sorted(workers, key=lambda who: (_rank(who, name), who), reverse=True)
+    return {who: place for place, who in enumerate(order)}
+
+
+def turn_origin(obs: Observed, margin: timedelta) -> datetime:
+    """The server time from which job ``obs``'s turns are counted (step 3).
+
+    Taken from the object alone, so that every worker's view, however stale, counts the
+    same turns: a job never claimed counts from its ``creationTimestamp`` (whole seconds:
+    its first turns may have passed when it reaches the views, which only moves it on to
+    the next rank); a job claimed before counts from when it became claimable again: the
+    end of its rest or of its holder's lease (``claimable_at``), or its release (the
+    ``Held`` condition's last flip to False), whichever is latest.
+    """
+    origin = obs.created or EARLIEST_TIME
+    if obs.status.generation == 0:
+        return origin  # the operator's first status write must not move the turns
+    ready = claimable_at(obs, margin)
+    if ready is not None:
+        origin = max(origin, ready)
+    for condition in obs.status.conditions:
+        if condition.get("type") == "Held" and condition.get("status") == "False":
+            flipped = condition.get("lastTransitionTime")
+            if isinstance(flipped, str):
+                origin = max(origin, parse_time(flipped))
+    return origin
+
+
+def turn_due(origin: datetime, rank: int, workers: int, now: datetime, step: timedelta,
+             guard: timedelta, phase: float = 0.0) -> datetime:
+    """When the worker of ``rank`` (of ``workers`` live ones) may next take a job (step 3).
+
+    Time from ``origin`` is cut into turns of ``step``: turn 0, the owner's, runs until
+    ``origin + (1 + phase) * step``, each next turn ``step`` longer; turn ``k`` belongs to
+    rank ``k mod workers``: the owner first, then each next rank, round and round. A worker
+    acts only within its own turn, and not in its first ``guard`` (except in turn 0): by
+    then its view shows any claim made in the turn before, as long as the views lag less
+    than ``guard``. So two workers never act on a job at once, and a busy or dead rank only
+    costs the job one turn. ``phase`` (in [0, 1), per job) staggers the jobs' turns, so
+    that the guards of jobs created together do not idle every worker at the same time.
+    Returns ``now`` itself when the turn is running.
+    """
+    if workers <= 1:
+        return now
+    first = origin + step * phase
+    turn = max(0, (now - first) // step)
+    if turn % workers == rank:
+        return now if turn == 0 else max(now, first + turn * step + guard)
+    turn += (rank - turn) % workers
+    return first + turn * step + guard
+
+
+def _phase(name: str) -> float:
+    """Job ``name``'s offset of its turns, a fraction of a turn (:func:`turn_due`)."""
+    return int.from_bytes(_rank("", name), "big") / 2**64
 
 
 @dataclass
@@ -93,8 +207,9 @@ class PoolView:
     Besides the cache itself the view keeps, updated on every change rather than recomputed
     per choice (a worker chooses once per claim, and a pool may cache tens of thousands):
     the unfinished JobLeases' order keys, sorted (step 2), so a choice reads only the front
-    of the queue; and how many Held JobLeases each holder has, so a choice knows how many
-    workers are active (:meth:`window`).
+    of the queue; how many Held JobLeases each holder has; the live workers of the pool
+    (step 3: :meth:`note_worker`, and every holder the cache shows, until its
+    ``leaseUntil``); and since when each candidate has been waiting in this view's choices.
 
     Attributes:
         resource_version: The list's or the last watch event's ``resourceVersion``, from
@@ -106,6 +221,10 @@ class PoolView:
     _set_aside: dict[str, str] = field(default_factory=dict)
     _order: list[_OrderKey] = field(default_factory=list)
     _holders: Counter[str] = field(default_factory=Counter)
+    _workers: dict[str, datetime] = field(default_factory=dict)
+    _deferred: datetime | None = None
+    _rankings: dict[str, tuple[frozenset[str], dict[str, int]]] = field(default_factory=dict)
+    _timed: set[str] = field(default_factory=set)
 
     def replace(self, items: Iterable[Observed], resource_version: str) -> None:
         """Start over from a list (the first one, or after the watch's history expired)."""
@@ -114,6 +233,10 @@ class PoolView:
                              if not obs.status.phase.finished)
         self._holders = Counter(holder for obs in self._items.values()
                                 if (holder := _active_holder(obs)) is not None)
+        self._timed = {obs.name for obs in self._items.values() if _timed(obs)}
+        self._rankings = {}
+        for obs in self._items.values():
+            self._note_holder(obs)
         self._set_aside = {name: rv for name, rv in self._set_aside.items()
                            if name in self._items
                            and self._items[name].resource_version == rv}
@@ -159,14 +282,19 @@ class PoolView:
         self._items[obs.name] = obs
         if not obs.status.phase.finished:
             insort(self._order, _order_key(obs))
+        if _timed(obs):
+            self._timed.add(obs.name)
         if (holder := _active_holder(obs)) is not None:
             self._holders[holder] += 1
+        self._note_holder(obs)
         if self._set_aside.get(obs.name) != obs.resource_version:
             self._set_aside.pop(obs.name, None)
 
     def _forget(self, name: str) -> None:
         """Drop ``name`` from the cache and from the indexes built on it (not the set-aside)."""
         old = self._items.pop(name, None)
+        self._rankings.pop(name, None)
+        self._timed.discard(name)
         if old is None:
             return
         if not old.status.phase.finished:
@@ -178,6 +306,46 @@ class PoolView:
             self._holders[holder] -= 1
             if self._holders[holder] <= 0:
                 del self._holders[holder]
+
+    def _note_holder(self, obs: Observed) -> None:
+        """A holder is a live worker at least until its ``leaseUntil`` (step 3)."""
+        holder = _active_holder(obs)
+        if holder is not None and obs.status.lease_until is not None:
+            self.note_worker(holder, obs.status.lease_until)
+
+    # -- the pool's live workers (step 3) ----------------------------------------------------
+
+    def note_worker(self, name: str, until: datetime) -> None:
+        """Record that worker ``name`` is live until server time ``until`` (or later).
+
+        The caller feeds this from the workers' presence records: for a
+        ``coordination.k8s.io`` Lease per worker, ``until`` is its ``renewTime`` plus
+        ``leaseDurationSeconds``. The view also notes every holder it caches, until the
+        held lease's ``leaseUntil``. A later ``until`` wins; an earlier one is ignored, so
+        the sources can be fed in any order.
+        """
+        if until > self._workers.get(name, EARLIEST_TIME):
+            self._workers[name] = until
+
+    def forget_worker(self, name: str) -> None:
+        """Drop worker ``name`` at once (its presence record was deleted: it left cleanly).
+
+        A holder the cache still shows Held comes back with the next version of its lease.
+        """
+        self._workers.pop(name, None)
+
+
+    def live_workers(self, now: ServerNow) -> list[str]:
+        """The workers whose presence has not lapsed by the earliest server time ``now``.
+
+        Lapsed ones are dropped from the view here: a dead worker leaves every job's
+        ranking once its presence runs out, and its jobs pass to the next in rank.
+        """
+        for name in [n for n, until in self._workers.items() if until <= now.earliest]:
+            del self._workers[name]
+        return sorted(self._workers)
+
+    # -- reading -----------------------------------------------------------------------------
 
     def set_aside(self, name: str, tried: str | None = None) -> None:
         """Skip ``name`` until a version other than ``tried`` arrives (a claim of it failed).
@@ -213,14 +381,17 @@ class PoolView:
         """How many distinct holders the cache shows holding a JobLease (Held)."""
         return len(self._holders)
 
-    def window(self, spread: int = DEFAULT_SPREAD, per_holder: int = WINDOW_PER_HOLDER) -> int:
-        """How many of the first candidates of the top priority a choice is made among.
+    def window(self, spread: int = DEFAULT_SPREAD, per_holder: int = WINDOW_PER_HOLDER,
+               workers: int | None = None) -> int:
+        """How many of the first candidates of the top priority a choice reads at most.
 
-        ``spread``, widened to ``per_holder`` slots per active holder: the more workers
-        choose without talking to each other, the more often two pick the same job (see
-        "How often workers collide"), so the window grows with them to keep that rate down.
+        ``spread``, widened to ``per_holder`` slots per worker (``workers``, by default the
+        active holders): a worker looks past the jobs other workers own for one of its own,
+        and with ``N`` workers its first one lies about ``N`` places back. The window
+        bounds how far back (and so the cost of a choice that finds nothing due).
         """
-        return max(1, spread, per_holder * len(self._holders))
+        count = len(self._holders) if workers is None else workers
+        return max(1, spread, per_holder * count)
 
     def _in_order(self) -> Iterator[Observed]:
         """The unfinished cached JobLeases, best first (step 2)."""
@@ -234,47 +405,102 @@ class PoolView:
 
     def choose(self, worker: str, now: ServerNow, margin: timedelta,
                spread: int = DEFAULT_SPREAD, exclude: Collection[str] = (),
-               per_holder: int = WINDOW_PER_HOLDER) -> Observed | None:
-        """The candidate ``worker`` should try (steps 1-4), or ``None`` if there is none.
+               per_holder: int = WINDOW_PER_HOLDER, *, workers: Iterable[str] | None = None,
+               step: timedelta = TURN_STEP, guard: timedelta = TURN_GUARD
+               ) -> Observed | None:
+        """The candidate ``worker`` should try now (steps 1-4), or ``None``.
 
-        Reads the order from its front and stops once the window (:meth:`window`) is full
-        or the priority drops below the first candidate's: the cost is the window plus the
-        JobLeases skipped on the way (held, resting, set aside, excluded), not the cache.
+        Reads the candidates of the top priority from the front of the order and takes the
+        first whose turn (:func:`turn_due`) is ``worker``'s now. ``None`` when none of the
+        first :meth:`window` candidates is; :meth:`next_wake`, asked right after, then
+        includes the moment the first of them is. A worker alone takes the first candidate.
 
-        ``exclude``: names the caller's other threads are claiming right now. Threads of one
-        worker share its name, hence its rendezvous ranking; without this they would all
-        race for the same lease.
+        Args:
+            worker: The caller's holder name; always counted among the live workers.
+            now: The server's time now (a claim's decision judges the same interval).
+            margin: The clock margin claims use (``claimable_at``).
+            spread: The least window (:meth:`window`).
+            exclude: Names the caller's other threads are claiming right now. Threads of one
+                worker share its name, hence its turns; without this they would all race
+                for the same lease.
+            per_holder: The window's slots per live worker (:meth:`window`).
+            workers: The live workers, if the caller keeps them itself; by default those
+                the view knows (:meth:`note_worker`, holders; :meth:`live_workers`).
+            step: How long each rank's turn lasts.
+            guard: How long a worker lets a turn begin before it acts in it: more than
+                the views' lag plus the clocks' error, so that it sees the claim the rank
+                before made at the end of its own turn.
         """
-        size = self.window(spread, per_holder)
-        window: list[Observed] = []
+        live = frozenset(self.live_workers(now) if workers is None else workers) | {worker}
+        size = self.window(spread, per_holder, workers=len(live))
+        at = now.midpoint  # turns are cut on the server's clock; the guard absorbs its error
+        top: int | None = None
+        read = 0
+        deferred: datetime | None = None
         for obs in self._in_order():
-            if window and obs.spec.priority != window[0].spec.priority:
+            if top is not None and obs.spec.priority != top:
                 break  # a lower priority is never chosen while a higher one has a candidate
             if (obs.name in self._set_aside or obs.name in exclude
                     or not _ready(obs, now, margin)):
                 continue
-            window.append(obs)
-            if len(window) >= size:
+            top = obs.spec.priority
+            if len(live) == 1:
+                self._deferred = None
+                return obs  # alone: strictly first
+            due = turn_due(turn_origin(obs, margin), self._rank_of(worker, obs.name, live),
+                           len(live), at, step, guard, _phase(obs.name))
+            if due <= at:
+                self._deferred = None
+                return obs
+            deferred = due if deferred is None else min(deferred, due)
+            read += 1
+            if read >= size:
                 break
-        if not window:
-            return None
-        return max(window, key=lambda obs: _rank(worker, obs.name))
+        self._deferred = deferred
+        return None
+
+    def _rank_of(self, worker: str, name: str, live: frozenset[str]) -> int:
+        """:func:`owner_rank`, its ranking kept per job until the live workers change."""
+        cached = self._rankings.get(name)
+        if cached is None or cached[0] != live:
+            cached = (live, ranking(name, live))
+            self._rankings[name] = cached
+        return cached[1][worker]
 
     def next_wake(self, now: ServerNow, margin: timedelta) -> datetime | None:
-        """The earliest server time a non-candidate may become claimable (``None``: never).
+        """The earliest server time a choice may find something new (``None``: never).
+
+        That is when a non-candidate may become claimable, or when the first candidate
+        the last :meth:`choose` passed over becomes that worker's turn: call it right
+        after the choice that returned ``None``, for the same worker.
 
         Set-aside names are not counted: only the watch brings them back. Reads the
         unfinished JobLeases only (finished ones never wake anyone); it runs when a choice
-        found nothing, i.e. when every unfinished one is held, resting or set aside.
+        found nothing, i.e. when every unfinished one is held, resting, set aside or not
+        yet due for this worker.
         """
-        times = [at for obs in self._in_order() if obs.name not in self._set_aside
-                 and (at := claimable_at(obs, margin)) is not None and at > now.earliest]
+        times = [at for name in self._timed if name not in self._set_aside
+                 and (at := claimable_at(self._items[name], margin)) is not None
+                 and at > now.earliest]
+        if self._deferred is not None and self._deferred > now.earliest:
+            times.append(self._deferred)
         return min(times, default=None)
 
 
 def _active_holder(obs: Observed) -> str | None:
     """The holder ``obs`` shows active (Held by it), for :meth:`PoolView.window`."""
     return obs.status.holder if obs.status.phase == Phase.HELD and obs.status.holder else None
+
+
+def _timed(obs: Observed) -> bool:
+    """Whether ``obs`` may become claimable later (held, or resting): what wakes a waiter.
+
+    The unfinished others are claimable at once, whatever the margin, so
+    :meth:`PoolView.next_wake` reads only these.
+    """
+    st = obs.status
+    return not st.phase.finished and (
+        (st.phase == Phase.HELD and bool(st.holder)) or not_before(obs) is not None)
 
 
 def _ready(obs: Observed, now: ServerNow, margin: timedelta) -> bool:
