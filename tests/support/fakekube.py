@@ -28,6 +28,7 @@ from joblease.domain.clock import ServerClock, ServerNow
 from joblease.kube.api import ApiError, ConflictError, NotFoundError, Response
 
 T_NOW = datetime(2026, 12, 3, 12, 0, 10, tzinfo=UTC)
+PRESENCE_PREFIX = "/apis/coordination.k8s.io/"
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -55,6 +56,10 @@ class FakeKubeApi:
         self.requests: list[tuple[str, str]] = []
         self.request_clock: list[float] = []  # the monotonic clock when each request went out
         self.refuse_next: list[ApiError] = []  # raised (in order) by the next writes
+        # coordination.k8s.io Leases (pool presence records), kept apart from the JobLeases
+        # so that tests counting JobLease requests see only those
+        self.presence: dict[tuple[str, str], dict[str, Any]] = {}
+        self.presence_requests: list[tuple[str, str]] = []
         self._revision = itertools.count(first_revision)
         self._lock = threading.Lock()
         self._monotonic = 0.0
@@ -72,6 +77,10 @@ class FakeKubeApi:
                 query: dict[str, str] | None = None, content_type: str | None = None,
                 timeout: float = 10.0) -> Response:
         with self._lock:
+            if path.startswith(PRESENCE_PREFIX):
+                self.presence_requests.append((method, path))
+                result = self._presence(method, path, body, query)
+                return Response(200, copy.deepcopy(result), 0.0, 0.0)
             self.requests.append((method, path))
             self.request_clock.append(self._monotonic)
             result = self._handle(method, path, body, content_type)
@@ -97,6 +106,30 @@ class FakeKubeApi:
         return copy.deepcopy(self.objects.get((namespace, name)))
 
     # -- the "server" ---------------------------------------------------------------------
+
+    def _presence(self, method: str, path: str, body: Any, query: dict[str, str] | None
+                  ) -> Any:
+        """coordination.k8s.io/v1 Leases: create, merge-patch, delete, list by one label."""
+        parts = path.strip("/").split("/")
+        namespace = parts[4]
+        if method == "GET":
+            key, _, value = ((query or {}).get("labelSelector") or "").partition("=")
+            items = [obj for (ns, _), obj in self.presence.items() if ns == namespace
+                     and (not key or obj["metadata"].get("labels", {}).get(key) == value)]
+            return {"items": items, "metadata": {"resourceVersion": self.next_revision()}}
+        if method == "POST":
+            name = body["metadata"]["name"]
+            stored = {**copy.deepcopy(body), "metadata": {**body["metadata"],
+                                                          "namespace": namespace}}
+            self.presence[(namespace, name)] = stored
+            return stored
+        key = (namespace, parts[6])
+        if key not in self.presence:
+            raise NotFoundError(404, "NotFound", f"leases {parts[6]!r} not found")
+        if method == "DELETE":
+            return self.presence.pop(key)
+        self.presence[key] = merge_patch(self.presence[key], body)
+        return self.presence[key]
 
     def _handle(self, method: str, path: str, body: Any, content_type: str | None) -> Any:
         parts = path.strip("/").split("/")

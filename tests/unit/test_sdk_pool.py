@@ -22,10 +22,13 @@ from typing import Any
 
 import pytest
 
+from joblease.core.presence import Presence
+from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import PoolClosedError, format_time
 from joblease.domain.lease import Observed
 from joblease.kube.api import ForbiddenError, Response, UnavailableError
+from joblease.kube.leases import LeaseStore
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient
 from joblease.sdk.pool import Pool
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
@@ -382,3 +385,33 @@ def test_the_clients_claim_next_shares_one_pool_per_selector_until_closed(
     assert feeds[0].stopped.is_set()
     with pytest.raises(RuntimeError, match="the LeaseClient is closed"):
         client.claim_next("team=batch", "w", timeout=0)
+
+
+# -- presence (joblease.core.presence) --------------------------------------------------------
+
+def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
+        feeds: list[ScriptedFeed]) -> None:
+    api = server(available("job"))
+    other = Presence("ns", "team=batch", "other-worker")
+    with pytest.raises(Stopped):  # one round of another worker of the same pool
+        drive(other.steps(type("Sink", (), {"workers": lambda self, live: None})()),
+              SyncPort(LeaseStore(api), stop=_set_after_first_sleep()))  # type: ignore[arg-type]
+    _, pool, _ = pool_over(api, feeds)
+    try:
+        assert pool.claim_next("me", timeout=5) is not None
+        deadline = time.monotonic() + 5
+        while pool.presence is None or pool.presence.counts.lists == 0:
+            assert time.monotonic() < deadline, "presence never listed"
+            time.sleep(0.01)
+        assert pool.live_workers() == ["me", "other-worker"]
+    finally:
+        pool.close()
+    # closing the pool deleted its own record; the other's stays until it lapses
+    assert [obj["spec"]["holderIdentity"] for obj in api.presence.values()] == ["other-worker"]
+    assert writes(api) == [("PATCH", "job")]  # presence never shows among the JobLease requests
+
+
+def _set_after_first_sleep() -> threading.Event:
+    stop = threading.Event()
+    stop.set()  # the first Sleep ends the round at once
+    return stop

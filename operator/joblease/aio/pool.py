@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
 from joblease.core.claiming import PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, Feed
+from joblease.core.presence import Presence
 from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
@@ -90,6 +91,10 @@ class _Sink:
         """A BOOKMARK: the resume point moved."""
         self._pool.view.bookmark(resource_version)
 
+    def workers(self, live: dict[str, datetime]) -> None:
+        """The presence records just listed (``joblease.core.presence.PresenceSink``)."""
+        self._pool._workers(live)
+
     def trouble(self, error: ApiError) -> None:
         """A list or watch failed: a claimer that never saw a list may raise it."""
         pool = self._pool
@@ -110,10 +115,13 @@ class AsyncPool(Generic[L]):
         watch_errors: Lists or watches that failed and were retried (with backoff).
         conflicts: Claims refused (how often claimers collided).
         claims: Claims won.
+        presence: This worker's presence in the pool (``joblease.core.presence``; ``None``
+            until the first ``claim_next``, whose holder names the worker, or when off).
     """
 
     def __init__(self, client: AsyncPoolClient[L], selector: str | None, *,
-                 spread: int = DEFAULT_SPREAD, watch_seconds: int = WATCH_SECONDS) -> None:
+                 spread: int = DEFAULT_SPREAD, watch_seconds: int = WATCH_SECONDS,
+                 presence: bool = True) -> None:
         self.client = client
         self.selector = selector
         self.spread = spread
@@ -131,6 +139,10 @@ class AsyncPool(Generic[L]):
         self.feed = Feed(client.namespace, selector, watch_seconds=watch_seconds)
         # claims through the client's public claim(), like any caller's
         self._port = AsyncPort(client.store, claim=client.claim)
+        self._with_presence = presence
+        self.presence: Presence | None = None
+        self._presence_names: set[str] = set()
+        self._presence_task: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self.view)
@@ -147,14 +159,23 @@ class AsyncPool(Generic[L]):
                         tb: TracebackType | None) -> None:
         await self.close()
 
+    def live_workers(self) -> list[str]:
+        """The workers of the pool alive as last known (presence records, holders)."""
+        return self.view.live_workers(self.client.api.clock.now(self.client.api.monotonic()))
+
     async def close(self) -> None:
         """Stop watching (idempotent); a waiting ``claim_next`` returns ``None``."""
         self._closed = True
         self._signal()
         follower, self._follower = self._follower, None
-        if follower is not None:
-            follower.cancel()
-            await asyncio.wait([follower])
+        presence_task, self._presence_task = self._presence_task, None
+        for task in (follower, presence_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.wait([task])
+        if presence_task is not None and self.presence is not None:
+            with contextlib.suppress(Exception):  # best effort: a record left behind lapses
+                await adrive(self.presence.leave_steps(), AsyncPort(self.client.store))
 
     async def claim_next(self, holder: str | None = None, *, timeout: float | None = None,
                          spread: int | None = None, until_empty: bool = False
@@ -184,6 +205,7 @@ class AsyncPool(Generic[L]):
         client = self.client
         await client.calibrate_if_due()
         who = await client.resolve_holder(holder)
+        self._announce(who)
         end = None if timeout is None else client.api.monotonic() + timeout
         width = self.spread if spread is None else spread
         while True:
@@ -282,6 +304,30 @@ class AsyncPool(Generic[L]):
     async def _feed(self) -> None:
         """The one feed (``joblease.core.feed.Feed``), awaited; it ends only by cancellation."""
         await adrive(self.feed.steps(_Sink(self)), AsyncPort(self.client.store))
+
+    # -- presence -------------------------------------------------------------------------------
+
+    def _announce(self, who: str) -> None:
+        """Start this worker's presence in the pool, once (the first holder names it)."""
+        if not self._with_presence or self.presence is not None or self._closed:
+            return
+        self.presence = Presence(self.client.namespace, self.selector, who)
+        self._presence_task = asyncio.get_running_loop().create_task(
+            self._run_presence(self.presence), name=f"joblease-presence-{self.selector}")
+
+    async def _run_presence(self, presence: Presence) -> None:
+        try:
+            await adrive(presence.steps(_Sink(self)), AsyncPort(self.client.store))
+        except Exception:  # presence is an optimisation: its failure must not stop claims
+            log.exception("JobLease pool %r: presence stopped", self.selector)
+
+    def _workers(self, live: dict[str, datetime]) -> None:
+        for name in self._presence_names - live.keys():
+            self.view.forget_worker(name)
+        for name, until in live.items():
+            self.view.note_worker(name, until)
+        self._presence_names = set(live)
+        self._signal()  # other workers change the turns: waiting claimers choose again
 
     def _signal(self) -> None:
         """Wake every coroutine waiting on the pool (each captured the event before looking)."""

@@ -26,6 +26,7 @@ protocol as ``LeaseClient.claim``; a stale cache only costs a refused write.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -35,7 +36,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from joblease.core.claiming import PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, LeaseFeed
-from joblease.core.steps import SyncPort, drive
+from joblease.core.presence import Presence
+from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
@@ -93,6 +95,10 @@ class _Sink:
         """A list or watch failed: a claimer that never saw a list may raise it."""
         self._pool._report(error)
 
+    def workers(self, live: dict[str, datetime]) -> None:
+        """The presence records just listed (``joblease.core.presence.PresenceSink``)."""
+        self._pool._workers(live)
+
 
 class Pool(Generic[L]):
     """The JobLeases of one label selector, kept current by a watch; claims the next one.
@@ -109,17 +115,22 @@ class Pool(Generic[L]):
         spread: The default ``spread`` of :meth:`claim_next`.
         watch_seconds: How long each watch runs before the server ends it and the pool
             resumes it (tests shorten it).
+        presence: Keep a presence record for this worker and read the others'
+            (``joblease.core.presence``), so each job has one owner among the live
+            workers; started by the first ``claim_next`` (its holder names the worker).
 
     Attributes:
         selector: The label selector.
         feed: The list+watch (its ``counts`` say how often it listed, watched, met 410).
+        presence: This worker's presence in the pool (``None`` until the first
+            ``claim_next``, or when turned off).
         conflicts: Claims refused since the pool started (409s and refusals decided from
             a stale cache): how often workers collided.
         claims: Claims won.
     """
 
     def __init__(self, client: PoolClient[L], selector: str, *, spread: int = DEFAULT_SPREAD,
-                 watch_seconds: int = WATCH_SECONDS) -> None:
+                 watch_seconds: int = WATCH_SECONDS, presence: bool = True) -> None:
         self.selector = selector
         self.spread = spread
         self.conflicts = 0
@@ -141,6 +152,11 @@ class Pool(Generic[L]):
         self._thread = threading.Thread(target=self._run_feed, daemon=True,
                                         name=f"joblease-pool[{selector}]")
         self._thread.start()
+        self._with_presence = presence
+        self.presence: Presence | None = None
+        self._presence_names: set[str] = set()
+        self._presence_stop = threading.Event()
+        self._presence_thread: threading.Thread | None = None
 
     # -- the public surface ----------------------------------------------------------------
 
@@ -173,6 +189,7 @@ class Pool(Generic[L]):
         """
         self._client.calibrate_if_due()
         who = self._client.resolve_holder(holder)
+        self._announce(who)
         deadline = None if timeout is None else time.monotonic() + timeout
         width = self.spread if spread is None else spread
         while True:
@@ -198,6 +215,12 @@ class Pool(Generic[L]):
             self._wait_synced(time.monotonic() + timeout)
             return self._view.unfinished()
 
+    def live_workers(self) -> list[str]:
+        """The workers of the pool alive now, as this pool knows them (presence, holders)."""
+        now = self._client.api.server_now()
+        with self._changed:
+            return self._view.live_workers(now)
+
     def close(self) -> None:
         """Stop the watch and its thread (idempotent); a waiting ``claim_next`` returns."""
         with self._changed:
@@ -207,6 +230,7 @@ class Pool(Generic[L]):
             self._changed.notify_all()
         self.feed.stop()
         self._thread.join(timeout=5)
+        self._leave()
 
     def __enter__(self) -> Pool[L]:
         return self
@@ -246,6 +270,47 @@ class Pool(Generic[L]):
                 self._dead = err
                 self._closed = True
                 self._changed.notify_all()
+
+    # -- presence (its own thread; joblease.core.presence) ------------------------------------
+
+    def _announce(self, who: str) -> None:
+        """Start this worker's presence in the pool, once (the first holder names it)."""
+        with self._changed:
+            if not self._with_presence or self.presence is not None or self._closed:
+                return
+            self.presence = Presence(self._client.namespace, self.selector, who)
+            self._presence_thread = threading.Thread(
+                target=self._run_presence, args=(self.presence,), daemon=True,
+                name=f"joblease-presence[{self.selector}]")
+        self._presence_thread.start()
+
+    def _run_presence(self, presence: Presence) -> None:
+        port = SyncPort(self._client.store, stop=self._presence_stop)
+        try:
+            drive(presence.steps(_Sink(self)), port)
+        except Stopped:
+            return
+        except Exception:  # presence is an optimisation: its failure must not stop claims
+            log.exception("JobLease pool %r: presence stopped", self.selector)
+
+    def _leave(self) -> None:
+        self._presence_stop.set()
+        thread, presence = self._presence_thread, self.presence
+        if thread is None or presence is None:
+            return
+        thread.join(timeout=5)
+        with contextlib.suppress(Exception):  # best effort: a record left behind lapses
+            drive(presence.leave_steps(), SyncPort(self._client.store))
+
+    def _workers(self, live: dict[str, datetime]) -> None:
+        """The pool's workers as just listed: the view notes them, forgets who left."""
+        with self._changed:
+            for name in self._presence_names - live.keys():
+                self._view.forget_worker(name)
+            for name, until in live.items():
+                self._view.note_worker(name, until)
+            self._presence_names = set(live)
+            self._bump()  # other workers change the turns: waiting threads choose again
 
     def _bump(self) -> None:
         self._changes += 1

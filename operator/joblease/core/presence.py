@@ -1,0 +1,178 @@
+"""Which workers of a pool are alive: a ``coordination.k8s.io`` Lease per worker, listed.
+
+A pool's choice (``joblease.domain.pool.PoolView.choose``) gives each job one owner among
+the live workers, by rendezvous hashing of the job over their names, and passes the job
+to the next in rank turn by turn (``docs/pools.md``). For that every worker must know the
+others — idle ones included, which hold nothing the JobLease watch could show. Without a
+coordinator, each worker keeps a *presence record*: a ``coordination.k8s.io/v1`` Lease
+named after its pool and holder, labelled with the pool, whose ``renewTime`` it moves
+every :data:`RENEW_SECONDS` and which lapses :data:`PRESENCE_SECONDS` after the last.
+
+:meth:`Presence.steps`, every round (sans-IO steps; the pools drive them in a thread or
+a task):
+
+1. write this worker's record (merge patch of ``spec``; create it on 404): ``renewTime``
+   is the API server's time as estimated (``ServerTime``), never the local wall clock;
+2. list the pool's records (one label selector) and hand ``{holder: renewTime +
+   leaseDurationSeconds}`` to the sink: the view notes each, and forgets the holders that
+   left the list (deleted on a clean exit, or gone);
+3. sleep :data:`RENEW_SECONDS` (with jitter, so that workers started together spread).
+
+A refusal (403: no RBAC on coordination Leases; 404 on the list: no such API) turns
+presence off for this pool with one warning: the view then knows only the holders it
+sees, which costs wasted writes when many idle workers meet new jobs, never safety.
+Every claim stays one conditional write, decided by the protocol alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol
+
+from joblease.core.steps import Call, Sleep, Steps
+from joblease.domain.clock import ServerNow
+from joblease.domain.lease import parse_time
+from joblease.kube.api import MERGE_PATCH, ApiError, ForbiddenError, NotFoundError
+from joblease.kube.leases import LeaseCall
+from joblease.kube.transact import ServerTime
+
+PRESENCE_SECONDS = 15  # a record lapses this long after its last renewal
+RENEW_SECONDS = 5.0  # how often a worker renews its record and re-reads the others'
+POOL_LABEL = "joblease.dev/pool"
+PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+
+log = logging.getLogger(__name__)
+
+
+class PresenceSink(Protocol):
+    """Where presence lands (the pool, over its view and its lock)."""
+
+    def workers(self, live: dict[str, datetime]) -> None:
+        """The pool's workers as just listed: holder → server time its presence lapses."""
+
+
+def pool_key(selector: str | None) -> str:
+    """The label value that names a pool: a digest of its label selector (≤ 63 chars)."""
+    return hashlib.sha256((selector or "").encode()).hexdigest()[:32]
+
+
+def record_name(pool: str, holder: str) -> str:
+    """The record's object name: holders (``system:serviceaccount:…``) are no valid names."""
+    digest = hashlib.sha256(f"{pool}/{holder}".encode()).hexdigest()[:40]
+    return f"joblease-worker-{digest}"
+
+
+def micro_time(when: datetime) -> str:
+    """A ``MicroTime`` (RFC 3339 with microseconds, UTC), as coordination Leases store it."""
+    return when.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class PresenceCounts:
+    """What presence has done (tests, bug reports)."""
+
+    renewals: int = 0
+    lists: int = 0
+    failures: int = 0
+
+
+class Presence:
+    """This worker's presence record in one pool, and the pool's other workers.
+
+    Args:
+        namespace: The pool's namespace (the records live there).
+        selector: The pool's label selector (its records share one label).
+        holder: This worker's holder name (every thread of a worker shares it).
+        seconds: How long a record lives without renewal.
+        every: Seconds between renewals.
+
+    Attributes:
+        enabled: ``False`` once the API server refused presence (see the module doc).
+        counts: What happened so far.
+    """
+
+    def __init__(self, namespace: str, selector: str | None, holder: str, *,
+                 seconds: int = PRESENCE_SECONDS, every: float = RENEW_SECONDS) -> None:
+        self.namespace = namespace
+        self.pool = pool_key(selector)
+        self.holder = holder
+        self.seconds = seconds
+        self.every = every
+        self.enabled = True
+        self.counts = PresenceCounts()
+        self.name = record_name(self.pool, holder)
+        self._path = PATH.format(namespace=namespace)
+
+    def steps(self, sink: PresenceSink) -> Steps[None]:
+        """Renew, list, sleep — until stopped or refused (steps 1-3 of the module doc)."""
+        while self.enabled:
+            try:
+                yield from self._renew_steps()  # 1
+                sink.workers((yield from self._list_steps()))  # 2
+            except (ForbiddenError, NotFoundError) as err:
+                self._refused(err)
+                return
+            except ApiError as err:
+                self.counts.failures += 1
+                log.debug("presence of %r in pool %s: %s; again soon", self.holder,
+                          self.pool, err)
+            yield Sleep(self.every * random.uniform(0.8, 1.2))  # 3
+
+    def leave_steps(self) -> Steps[None]:
+        """Delete this worker's record (a clean exit: the others re-rank at their next list)."""
+        if not self.enabled:
+            return
+        try:
+            yield Call(LeaseCall("DELETE", f"{self._path}/{self.name}", _raw), 2.0)
+        except ApiError as err:
+            log.debug("presence of %r: leaving: %s", self.holder, err)
+
+    def _renew_steps(self) -> Steps[None]:
+        now: ServerNow = yield ServerTime()
+        spec = {"holderIdentity": self.holder, "leaseDurationSeconds": self.seconds,
+                "renewTime": micro_time(now.midpoint)}
+        try:
+            yield Call(LeaseCall("PATCH", f"{self._path}/{self.name}", _raw,
+                                 body={"spec": spec}, content_type=MERGE_PATCH))
+        except NotFoundError:
+            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                    "metadata": {"name": self.name, "labels": {POOL_LABEL: self.pool}},
+                    "spec": {**spec, "acquireTime": spec["renewTime"]}}
+            yield Call(LeaseCall("POST", self._path, _raw, body=body))
+        self.counts.renewals += 1
+
+    def _list_steps(self) -> Steps[dict[str, datetime]]:
+        body: dict[str, Any] = yield Call(LeaseCall(
+            "GET", self._path, _raw, query={"labelSelector": f"{POOL_LABEL}={self.pool}"}))
+        self.counts.lists += 1
+        return live_records(body.get("items") or [])
+
+    def _refused(self, err: ApiError) -> None:
+        self.enabled = False
+        log.warning("pool presence is off for %r (%s): workers learn of each other only "
+                    "from the leases they hold; grant get/list/create/patch/delete on "
+                    "leases.coordination.k8s.io to fix (docs/pools.md)", self.holder, err)
+
+
+def live_records(items: list[dict[str, Any]]) -> dict[str, datetime]:
+    """``{holder: the server time its record lapses}`` of listed records (unreadable skipped)."""
+    live: dict[str, datetime] = {}
+    for item in items:
+        spec = item.get("spec") if isinstance(item, dict) else None
+        try:
+            holder = str(spec["holderIdentity"])  # type: ignore[index]
+            until = parse_time(str(spec["renewTime"])) + timedelta(  # type: ignore[index]
+                seconds=int(spec["leaseDurationSeconds"]))  # type: ignore[index]
+        except (KeyError, TypeError, ValueError, OverflowError):
+            continue
+        if until > live.get(holder, until - timedelta(seconds=1)):
+            live[holder] = until
+    return live
+
+
+def _raw(body: dict[str, Any]) -> dict[str, Any]:
+    return body

@@ -1,0 +1,111 @@
+"""A pool's presence records (``joblease.core.presence``) on the in-memory API server.
+
+Pinned: a worker's record carries the *server's* time, is created once then patched, and is
+deleted when its pool closes; two workers of one pool see each other (and a worker of another
+pool does not); a listed record turns into ``note_worker`` and a vanished one into
+``forget_worker``; an unreadable record is skipped; a refusal (no RBAC) turns presence off
+once, without stopping claims.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from joblease.core.presence import (
+    POOL_LABEL,
+    Presence,
+    live_records,
+    micro_time,
+    pool_key,
+    record_name,
+)
+from joblease.core.steps import Stopped, SyncPort, drive
+from joblease.domain.clock import ServerNow
+from joblease.kube.api import ForbiddenError
+from joblease.kube.leases import LeaseStore
+from support.fakekube import T_NOW, FakeKubeApi
+
+
+class Collect:
+    def __init__(self) -> None:
+        self.seen: list[dict[str, datetime]] = []
+
+    def workers(self, live: dict[str, datetime]) -> None:
+        self.seen.append(live)
+
+
+def rounds(presence: Presence, api: FakeKubeApi, n: int) -> Collect:
+    """Run ``n`` rounds of ``presence`` (renew, list), stopping at the n-th sleep."""
+    sink, slept = Collect(), []
+
+    class Port(SyncPort):
+        def perform(self, step: Any) -> Any:
+            if type(step).__name__ == "Sleep":
+                slept.append(step.seconds)
+                if len(slept) >= n:
+                    raise Stopped()
+                return None
+            return super().perform(step)
+
+    with pytest.raises(Stopped):
+        drive(presence.steps(sink), Port(LeaseStore(api)))  # type: ignore[arg-type]
+    assert all(0.8 * presence.every <= s <= 1.2 * presence.every for s in slept)
+    return sink
+
+
+def test_a_record_carries_the_servers_time_is_created_once_then_patched() -> None:
+    api = FakeKubeApi(now=ServerNow.exact(T_NOW))
+    presence = Presence("ns", "team=batch", "system:serviceaccount:ns:w1")
+    sink = rounds(presence, api, 2)
+    assert [m for m, _ in api.presence_requests] == ["PATCH", "POST", "GET", "PATCH", "GET"]
+    record = api.presence[("ns", record_name(pool_key("team=batch"),
+                                             "system:serviceaccount:ns:w1"))]
+    assert record["metadata"]["labels"] == {POOL_LABEL: pool_key("team=batch")}
+    assert record["spec"]["renewTime"] == micro_time(T_NOW)  # the server's clock, not ours
+    until = T_NOW + timedelta(seconds=presence.seconds)
+    assert sink.seen == [{"system:serviceaccount:ns:w1": until}] * 2
+    assert api.requests == []  # no JobLease request at all
+
+
+def test_workers_of_one_pool_see_each_other_and_no_other_pool() -> None:
+    api = FakeKubeApi()
+    rounds(Presence("ns", "team=batch", "w1"), api, 1)
+    rounds(Presence("ns", "team=other", "x1"), api, 1)
+    sink = rounds(Presence("ns", "team=batch", "w2"), api, 1)
+    assert set(sink.seen[-1]) == {"w1", "w2"}
+
+
+def test_leaving_deletes_the_record() -> None:
+    api = FakeKubeApi()
+    presence = Presence("ns", "p=1", "w1")
+    rounds(presence, api, 1)
+    assert len(api.presence) == 1
+    drive(presence.leave_steps(), SyncPort(LeaseStore(api)))  # type: ignore[arg-type]
+    assert api.presence == {}
+
+
+def test_a_refusal_turns_presence_off_once_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKubeApi()
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise ForbiddenError(403, "Forbidden", "cannot patch leases.coordination.k8s.io")
+
+    api._presence = forbidden  # type: ignore[method-assign]
+    presence = Presence("ns", "p=1", "w1")
+    drive(presence.steps(Collect()), SyncPort(LeaseStore(api)))  # type: ignore[arg-type]
+    assert presence.enabled is False
+    assert "pool presence is off" in caplog.text and "coordination" in caplog.text
+
+
+def test_unreadable_or_hostile_records_are_skipped_and_the_latest_renewal_wins() -> None:
+    good = {"holderIdentity": "w", "renewTime": "2026-12-03T12:00:00.000000Z",
+            "leaseDurationSeconds": 15}
+    later = {**good, "renewTime": "2026-12-03T12:00:05.000000Z"}
+    items: list[Any] = [{"spec": good}, {"spec": later}, {"spec": {"holderIdentity": "x"}},
+                        {"spec": {**good, "holderIdentity": "y", "leaseDurationSeconds": "x"}},
+                        {"spec": None}, "not an object", {}]
+    assert live_records(items) == {"w": datetime.fromisoformat("2026-12-03T12:00:20+00:00")}
