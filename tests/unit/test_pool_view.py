@@ -308,6 +308,27 @@ def test_a_dead_workers_jobs_pass_to_the_next_rank_once_its_presence_lapses() ->
     assert not set(turns[others[0]]) & set(turns[others[1]])  # never at the same moment
 
 
+def test_a_holder_counts_as_live_only_while_it_holds_a_lease_that_has_not_run_out() -> None:
+    """Bug 20: every holder the view had ever cached stayed a live rank until its old
+    ``leaseUntil``, so ten coroutines that had completed their jobs kept a new job waiting
+    3.7 s for their turns (tests/cluster/test_aio.py). A completed lease ends the rank at
+    once; a holder whose lease ran out (a silent, dead one) is no rank either."""
+    view = PoolView()
+    held = replace(job("a", until=30, phase=Phase.HELD),
+                   status=replace(job("a", until=30, phase=Phase.HELD).status, holder="h1"))
+    silent = replace(job("b", until=2, phase=Phase.HELD),
+                     status=replace(job("b", until=2, phase=Phase.HELD).status, holder="h2"))
+    view.replace([held, silent], "5")
+    assert view.live_workers(at(1)) == ["h1", "h2"]
+    assert view.live_workers(at(3)) == ["h1"]  # h2's lease ran out: not waited for
+    done = replace(held, resource_version="200",
+                   status=replace(held.status, phase=Phase.COMPLETED))
+    view.apply("MODIFIED", done)
+    assert view.live_workers(at(3)) == []  # h1 completed its job: no rank left
+    view.note_worker("present", T0 + timedelta(seconds=15))  # presence is what lasts
+    assert view.live_workers(at(3)) == ["present"]
+
+
 def test_a_job_not_yet_due_for_a_worker_wakes_it_at_its_turn() -> None:
     """``next_wake`` after a ``None`` choice names the worker's next turn on the job, and at
     that moment the worker's choice is the job (so an idle worker is never stranded)."""
