@@ -45,15 +45,17 @@ class Sizes:
     scale_duration: int
     reconcile_timeout: float
     cli_rounds: int = 21
-    pool_jobs: int = 10_000
+    pool_jobs: int = 1000  # drained; the floors write as many jobs' writes before and after
     pool_workers: int = 20
-    pool_latency_jobs: int = 300
-    pool_latency_rate: float = 20.0  # jobs/s: well below the pool's capacity
+    pool_latency_jobs: int = 50  # the trickle: jobs arriving one by one at idle workers
+    pool_latency_rate: float = 5.0  # jobs/s: well below the pool's capacity
+    pool_order_jobs: int = 200  # random priorities, created at once; 1 worker, then W
 
 
 FULL = Sizes(500, 50, 5, 1000, 20, (5, 15), 4, 10, 10_000, 200, 5, 500, 5, 900.0)
 QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0, cli_rounds=3,
-              pool_jobs=200, pool_workers=4, pool_latency_jobs=20, pool_latency_rate=10.0)
+              pool_jobs=200, pool_workers=4, pool_latency_jobs=20, pool_latency_rate=10.0,
+              pool_order_jobs=40)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +154,8 @@ def _run(section: str, cluster: LocalCluster, kubeconfig: str, namespace: str, s
         from bench import pool
 
         return pool.run(cluster, kubeconfig, namespace, sizes.pool_jobs, sizes.pool_workers,
-                        sizes.pool_latency_jobs, sizes.pool_latency_rate, work)
+                        sizes.pool_latency_jobs, sizes.pool_latency_rate, work,
+                        sizes.pool_order_jobs)
     from bench import scale
 
     return scale.run(cluster, kubeconfig, namespace, sizes.scale_leases,

@@ -2,6 +2,8 @@
 
     python -m bench.pool_worker floor --kubeconfig K --namespace N --name OBJ --writes N
     python -m bench.pool_worker postgres --dsn DSN --holder H
+    python -m bench.pool_worker floor-real --kubeconfig K --namespace N --names A,B,...
+    python -m bench.pool_worker watch --kubeconfig K --namespace N --selector S
 
 Each process sets up (imports, connection, first request) and prints ``READY``, then
 waits for one line on stdin, so that the W processes start their timed work together and
@@ -10,6 +12,14 @@ no interpreter start-up is timed. It prints one JSON line when done: ``start`` a
 
 * ``floor``: ``writes`` bare conditional status writes (``bench.common.floor_write``) on
   its own JobLease from its cached version: no reads, no conflicts.
+* ``floor-real``: for each of its JobLeases (read once before ``READY``), the pool's own
+  two writes with their real bodies: the claim ``decide_claim`` makes (``Held`` and
+  ``Finished`` conditions, claim id) written by ``status_write_call`` from the cached
+  version, then the completion ``decide_complete`` makes from the claim's answer (both
+  conditions again, the completion record). No choosing, no command, no renewal thread:
+  what a pool's jobs cost the API server, nothing of the worker's own.
+* ``watch``: one open watch of a label selector (the floor-real's one watcher), counting
+  its events; ``READY`` once open, then on any stdin line prints ``{"count": n}``.
 * ``postgres``: the queue a user would build instead of a work pool: claim the next ready
   job with ``FOR UPDATE SKIP LOCKED`` (one transaction), run the same no-op command as a
   subprocess, mark the job done (a second transaction); until no job is ready.
@@ -70,6 +80,67 @@ def floor(args: argparse.Namespace) -> None:
     api.close()
 
 
+def floor_real(args: argparse.Namespace) -> None:
+    from datetime import timedelta
+
+    from joblease.domain.lease import Claim, decide_claim, decide_complete
+    from joblease.kube.api import KubeApi
+    from joblease.kube.identity import new_claim_id
+    from joblease.kube.leases import LeaseStore, status_write_call
+
+    api = KubeApi.from_kubeconfig(args.kubeconfig)
+    store = LeaseStore(api)
+    names = [n for n in args.names.split(",") if n]
+    cached = {n: store.get(args.namespace, n) for n in names}  # the cache; untimed
+    api.server_now()
+    margin = timedelta(seconds=0.25)
+    command = " ".join(NOOP)
+
+    def one(name: str) -> None:
+        claim_id = new_claim_id()
+        claimed = decide_claim(cached[name], args.holder, api.server_now(), margin, claim_id)
+        assert claimed is not None
+        obs = store.call(status_write_call(cached[name], claimed.status))
+        claim = Claim(args.holder, claimed.status.token(), claim_id)
+        done = decide_complete(obs, claim, f"exit 0: {command}", api.server_now(), margin)
+        assert done is not None
+        store.call(status_write_call(obs, done.status))
+
+    def work() -> int:
+        for name in names:
+            one(name)
+        return 2 * len(names)
+
+    _timed_after_go(work)
+    api.close()
+
+
+def watch(args: argparse.Namespace) -> None:
+    import threading
+
+    from joblease.kube.api import KubeApi
+    from joblease.kube.leases import lease_path
+
+    api = KubeApi.from_kubeconfig(args.kubeconfig)
+    path = lease_path(args.namespace)
+    listed = api.request("GET", path, query={"labelSelector": args.selector, "limit": "1"})
+    version = str(listed.body["metadata"]["resourceVersion"])
+    stream = api.watch(path, {"labelSelector": args.selector, "resourceVersion": version,
+                              "timeoutSeconds": "1800"}, timeout=1900)
+    seen = [0]
+
+    def count() -> None:
+        for _ in stream:
+            seen[0] += 1
+
+    threading.Thread(target=count, daemon=True).start()
+    _say("READY")
+    sys.stdin.readline()
+    _say(json.dumps({"count": seen[0]}))
+    stream.close()
+    api.close()
+
+
 def postgres(args: argparse.Namespace) -> None:
     import psycopg
 
@@ -101,8 +172,18 @@ def main(argv: list[str] | None = None) -> None:
     p = sub.add_parser("postgres")
     p.add_argument("--dsn", required=True)
     p.add_argument("--holder", required=True)
+    r = sub.add_parser("floor-real")
+    r.add_argument("--kubeconfig", required=True)
+    r.add_argument("--namespace", required=True)
+    r.add_argument("--names", required=True, help="comma-separated JobLeases, one job each")
+    r.add_argument("--holder", required=True)
+    w = sub.add_parser("watch")
+    w.add_argument("--kubeconfig", required=True)
+    w.add_argument("--namespace", required=True)
+    w.add_argument("--selector", required=True)
     args = parser.parse_args(argv)
-    {"floor": floor, "postgres": postgres}[args.mode](args)
+    {"floor": floor, "postgres": postgres, "floor-real": floor_real,
+     "watch": watch}[args.mode](args)
 
 
 if __name__ == "__main__":
