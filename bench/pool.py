@@ -75,6 +75,7 @@ NOOP = ("true",)
 # the command of a latency job: the wall time it started, into a file named after its job
 MARK = 'date +%s.%N > "$0/$JOBLEASE_NAME"'
 SPAWNS = 30  # processes started to measure what one start costs
+STARTUPS = 3  # `joblease work --until-empty` on an empty selector: a worker's fixed cost
 REAL_LABEL = {"batch": "floor-real"}
 ORDER_PRIORITIES = 5  # jobs of the order phase get a priority of 0..4 at random (seeded)
 TARGETS = {"ratio": 0.85, "wasted_per_job": 0.05, "trickle_wasted_per_job": 0.2,
@@ -113,6 +114,13 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
     # `joblease work` (as `joblease run`) starts beside every command
     spawns = {"command": spawn_cost(NOOP, SPAWNS),
               "python": spawn_cost([sys.executable, "-c", "pass"], SPAWNS)}
+    try:  # a worker's fixed cost: start, list an empty selector, calibrate, exit
+        spawns["worker"] = spawn_cost(work_argv(kubeconfig, namespace, "batch=empty",
+                                                "startup-w", NOOP, until_empty=True), STARTUPS)
+        drain["worker_cpu_s_per_job_net"] = ((drain["worker_cpu_s_per_job"] * jobs
+                                              - workers * spawns["worker"]["cpu_s"]) / jobs)
+    except (subprocess.SubprocessError, OSError) as err:
+        progress(f"pool: a worker's start-up not measured: {err}")
     floor_rate = ((before["writes"] + after["writes"])
                   / (before["seconds"] + after["seconds"]))
     real_rate = ((real_before["jobs"] + real_after["jobs"])
@@ -322,7 +330,8 @@ def spawn_cost(argv: Sequence[str], times: int) -> dict[str, float]:
     """Mean wall and CPU seconds of starting ``argv`` and waiting for it, ``times`` times."""
     cpu, start = _children_cpu(), time.perf_counter()
     for _ in range(times):
-        subprocess.run(list(argv), check=True)
+        subprocess.run(list(argv), check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=120)
     return {"wall_s": (time.perf_counter() - start) / times,
             "cpu_s": (_children_cpu() - cpu) / times}
 

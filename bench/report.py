@@ -207,7 +207,10 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
          f"p99 {_ms(d['cycle']['held_s']['p99'])} / {_ms(d['cycle']['between_s']['p99'])}",
          "", "info", "n/a"),
         ("pool: drain, workers' CPU per job (commands, sentinels, start-up included), ms",
-         f"{d['worker_cpu_s_per_job'] * 1000:.1f}",
+         f"{d['worker_cpu_s_per_job'] * 1000:.1f}"
+         + (f" ({d['worker_cpu_s_per_job_net'] * 1000:.1f} without the {workers} workers' "
+            f"start-up, {spawn['worker']['cpu_s'] * 1000:.0f} ms each)"
+            if "worker_cpu_s_per_job_net" in d else ""),
          f"PostgreSQL workers {pg.get('worker_cpu_s_per_job', math.nan) * 1000:.1f}; one "
          f"start of `true` {spawn['command']['cpu_s'] * 1000:.1f}, of `python -c pass` "
          f"{spawn['python']['cpu_s'] * 1000:.1f} (wall {spawn['python']['wall_s'] * 1000:.1f})",
