@@ -337,15 +337,15 @@ class PoolView:
 
 
     def live_workers(self, now: ServerNow) -> list[str]:
-        """The workers whose presence has not lapsed by the earliest server time ``now``,
-        and the holders of the Held JobLeases the view caches now.
+        """The live workers at the earliest server time ``now``: presence, and holders.
 
-        Lapsed ones are dropped from the view here: a dead worker leaves every job's
-        ranking once its presence runs out, and its jobs pass to the next in rank. A
-        holder counts only while the cache shows it holding: one whose lease completed or
-        was released is no longer a rank that jobs wait for (bug 19 in docs/safety.md: ten
-        coroutines that had finished kept a new job waiting 3.7 s for their turns), nor
-        one whose lease ran out (a silent holder).
+        A worker whose presence record has not lapsed, or that holds a cached Held
+        JobLease whose ``leaseUntil`` has not passed. Lapsed ones are dropped from the
+        view here: a dead worker leaves every job's ranking once its presence runs out,
+        and its jobs pass to the next in rank. A holder counts only while the cache
+        shows it holding: one whose lease completed or was released is no longer a rank
+        that jobs wait for (bug 20 in docs/safety.md: ten coroutines that had finished
+        kept a new job waiting 3.7 s for their turns), nor one whose lease ran out.
         """
         for name in [n for n, until in self._workers.items() if until <= now.earliest]:
             del self._workers[name]
