@@ -161,9 +161,8 @@ def work(args: argparse.Namespace) -> int:
                           drain_timeout=args.drain_timeout, grace=args.grace,
                           holder=args.holder, progress_every=args.progress_every)
 
-    def count_failed() -> int:
-        objects = client.store.list_objects(args.namespace, args.selector)
-        return sum(1 for obj in objects if (obj.get("status") or {}).get("phase") == "Failed")
+    def count_failed() -> int:  # the Failed ones only, selected by the server
+        return client.store.count(args.namespace, args.selector, "status.phase=Failed")
 
     worker = WorkPool(pool, options, count_failed=count_failed)
     previous = {sig: signal.signal(sig, lambda _s, _f: worker.drain())

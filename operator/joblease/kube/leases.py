@@ -182,6 +182,24 @@ class LeaseStore:
             if not token:
                 return items
 
+    def count(self, namespace: str | None, label_selector: str | None = None,
+              field_selector: str | None = None, page_size: int = 500,
+              timeout: float = DEFAULT_TIMEOUT) -> int:
+        """How many JobLeases match both selectors (paged; only the matches travel).
+
+        ``joblease work --until-empty`` counts the Failed jobs of its selector this way
+        (``status.phase=Failed``, a selectable field): a full list of a 10,000-job batch
+        took 31.7 s at its exit (issue 22).
+        """
+        total, token = 0, ""
+        while True:
+            page = self.call(list_call(namespace, label_selector, page_size, token,
+                                       field_selector), timeout)
+            total += len(page.items)
+            token = page.next_token
+            if not token:
+                return total
+
     def events_for(self, observed: Observed, timeout: float = DEFAULT_TIMEOUT
                    ) -> builtins.list[dict[str, Any]]:
         """The core/v1 Events about this very JobLease (name *and* uid), oldest first.
