@@ -98,6 +98,10 @@ class Client:
     def close(self) -> None:
         _blocking(self.real.close())
 
+    def _call(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Call one of the client's objects' methods (a pool's), blocking, leases wrapped."""
+        return _wrap(_blocking(function(*args, **kwargs)))
+
 
 def client_over(kind: str, api: FakeKubeApi, **options: Any) -> Client:
     """A blocking facade over the ``kind`` client on the in-memory API server ``api``."""
