@@ -30,6 +30,7 @@ from joblease.kube.requests import (
     MAX_SERVER_SKEW_ENV,
     MERGE_PATCH,
     ApiError,
+    ConfigError,
     ConflictError,
     ForbiddenError,
     GoneError,
@@ -55,7 +56,8 @@ DEFAULT_TRACK_TTL = 60.0
 
 __all__ = [
     "CLOCK_TRACK_TTL_ENV", "DEFAULT_TIMEOUT", "DEFAULT_TRACK_TTL", "MAX_SERVER_SKEW_ENV",
-    "MERGE_PATCH", "ApiError", "ConflictError", "ForbiddenError", "GoneError", "InvalidError",
+    "MERGE_PATCH", "ApiError", "ConfigError", "ConflictError", "ForbiddenError", "GoneError",
+    "InvalidError",
     "KubeApi", "NotFoundError", "Response", "UnavailableError", "clock_from_env",
 ]
 
@@ -98,8 +100,8 @@ def kubernetes_configuration(path: str | None = None, context: str | None = None
     Blocking (files, and an exec plugin if the kubeconfig names one).
 
     Raises:
-        kubernetes.config.ConfigException: neither a kubeconfig nor an in-cluster
-            configuration exists, or the named one is unusable.
+        ConfigError: neither a kubeconfig nor an in-cluster configuration exists, or the
+            named one is unusable (the message names what was tried and why it failed).
     """
     from kubernetes import client as k8s_client
     from kubernetes import config as k8s_config
@@ -108,10 +110,16 @@ def kubernetes_configuration(path: str | None = None, context: str | None = None
     try:
         k8s_config.load_kube_config(config_file=path, context=context,
                                     client_configuration=configuration)
-    except k8s_config.ConfigException:
+    except (k8s_config.ConfigException, OSError, ValueError) as err:
         if path is not None:
-            raise
-        k8s_config.load_incluster_config(client_configuration=configuration)
+            raise ConfigError(f"cannot use the kubeconfig {path!r}"
+                              f"{f' (context {context!r})' if context else ''}: {err}") from err
+        try:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        except k8s_config.ConfigException as incluster:
+            raise ConfigError(f"no Kubernetes configuration: no usable kubeconfig ($KUBECONFIG"
+                              f" or ~/.kube/config: {err}) and not in a pod ({incluster})"
+                              ) from incluster
     return configuration
 
 

@@ -43,6 +43,17 @@ class ApiError(JobleaseError):
         self.status, self.reason, self.message = status, reason, message
 
 
+class ConfigError(ApiError):
+    """No usable Kubernetes configuration: nothing can be asked.
+
+    No kubeconfig, an unreadable one, no context of that name, and not in a pod either;
+    the message says what was tried (the CLI exits 6 with it instead of a traceback).
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, "NoConfiguration", message)
+
+
 class ConflictError(ApiError):
     """409: the object changed since it was read. Re-read and decide again; never retry blindly."""
 
