@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from joblease.aio.pool import AsyncPool
-from joblease.sdk.pool import Pool
 from joblease.domain.lease import Observed
 from joblease.kube.api import UnavailableError
+from joblease.sdk.pool import Pool
 from support.clients import KINDS, LOOP, Client, LeaseView, client_over, fake_sleep
 from support.fakekube import FakeKubeApi
 from support.pools import ScriptedFeed, available, held_by_other, server, writes
