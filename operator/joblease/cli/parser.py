@@ -155,6 +155,6 @@ def _register_views(sub: Any) -> None:
                                 "`source <(joblease completion bash)`, or for zsh "
                                 "`source <(joblease completion zsh)` in ~/.zshrc.")
     completion.add_argument("shell", choices=["bash", "zsh"])
-    completion.set_defaults(func=verbs.completion)
+    completion.set_defaults(func=verbs.completion, parser=build_parser)  # no import back
 
 

@@ -209,8 +209,7 @@ def describe(args: argparse.Namespace) -> int:
 def completion(args: argparse.Namespace) -> int:
     """``completion bash|zsh``: print a shell completion script."""
     from joblease.cli.completion import completion_script
-    from joblease.cli.parser import build_parser
-    print(completion_script(build_parser(), args.shell), end="")
+    print(completion_script(args.parser(), args.shell), end="")
     return EXIT_OK
 
 
