@@ -18,7 +18,8 @@ from typing import Any, Generic, TypeVar
 
 from joblease.domain.errors import LeaseNotFoundError, format_time
 from joblease.domain.lease import LeaseStatus, Observed
-from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, KubeApi, NotFoundError
+from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, NotFoundError
+from joblease.kube.transport import Transport
 
 GROUP = "joblease.dev"
 VERSION = "v1alpha1"
@@ -131,9 +132,9 @@ def _page(body: dict[str, Any]) -> Page:
 
 
 class LeaseStore:
-    """JobLease objects through one ``KubeApi`` (one identity, one server-clock estimate)."""
+    """JobLease objects through one transport (``KubeApi``: one identity, one clock estimate)."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: Transport) -> None:
         self.api = api
 
     def get(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT) -> Observed:
