@@ -22,15 +22,11 @@ from joblease.domain.pool import (
     owner_rank,
     turn_origin,
 )
+from support.builders import T0, at
 
-T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 MARGIN = timedelta(milliseconds=250)
 NAMES = [f"job-{i}" for i in range(12)]
 
-
-def at(seconds: float, error: float = 0.0) -> ServerNow:
-    mid = T0 + timedelta(seconds=seconds)
-    return ServerNow(mid - timedelta(seconds=error), mid + timedelta(seconds=error))
 
 
 def job(name: str, rv: int = 100, *, priority: int = 0, created: float = 0.0,
