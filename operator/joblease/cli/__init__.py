@@ -1,20 +1,10 @@
 """The ``joblease`` command (also installed as ``kubectl-joblease``, so ``kubectl joblease …``).
 
-Exit codes (stable, for scripts):
-    0  success
-    1  unexpected error
-    2  usage error
-    3  the lease is unavailable: held by someone else, or finished (claim refused)
-    4  the lease is lost: stale generation or expired (renew/complete/release refused),
-       or, for ``run``, lost while the command ran (the command was stopped)
-    5  no such JobLease
-    6  the API server refused or could not be reached (RBAC, validation, network)
-
-``work`` (a pool worker) exits 0 when drained cleanly or, with ``--until-empty``, when
-nothing unfinished is left; 7 if then some JobLeases of the selector are Failed; 8 if its
-drain timed out and running commands were stopped (their leases released); 6 as above.
-A job's command failing is not the worker's failure: the job is released as failed and
-retried (see docs/pools.md).
+:func:`main` parses the arguments (:mod:`joblease.cli.parser`), runs the verb
+(:mod:`joblease.cli.verbs`) and turns joblease's errors into the stable exit codes of
+:mod:`joblease.cli.exits` (0 ok, 2 usage, 3 unavailable, 4 lost, 5 not found, 6 API; ``work``
+also 7 and 8). A job's command failing is not the worker's failure: the job is released as
+failed and retried (see docs/pools.md).
 """
 
 # Startup time is most of a CLI call (issue 18): this package imports only the standard
