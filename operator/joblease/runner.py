@@ -10,12 +10,12 @@ grace period. Exit 0 completes the lease; any other exit releases it as failed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +24,9 @@ from joblease.domain.errors import LeaseError, format_time
 from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 from joblease.sdk.hold import Holding
+from joblease.supervisor import Supervisor
 
 EXIT_LEASE_LOST = 4
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -60,13 +60,13 @@ def lease_environment(lease: Lease) -> dict[str, str]:
 class _StopChildOnLoss(Holding):
     """A holding that stops the command's process group the moment the lease is lost."""
 
-    def __init__(self, lease: Lease, grace: float) -> None:
+    def __init__(self, lease: Lease, grace: float, supervisor: Supervisor) -> None:
         # A lease that cannot be renewed is declared lost `grace` before its deadline (at
         # most half of what is left), so SIGKILL lands by the deadline itself.
         super().__init__(lease, stop_before=min(grace, max(0.0, lease.remaining()) / 2))
         self.grace = grace
         self.child: subprocess.Popen[bytes] | None = None
-        self.sentinel: Sentinel | None = None
+        self.supervisor = supervisor
         self._child_lock = threading.Lock()
 
     def on_lost(self) -> None:
@@ -81,137 +81,128 @@ class _StopChildOnLoss(Holding):
         print(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); stopping the "
               f"command (pid {child.pid})", file=sys.stderr, flush=True)
         _signal_group(child, signal.SIGTERM)
-        threading.Thread(target=self._kill_after_grace, args=(child,), daemon=True).start()
+        # SIGKILL after the grace, by the deadline at the latest: here (a loss is rare, a
+        # thread for it costs nothing per job) and, should this process die meanwhile, by
+        # the supervisor
+        grace = max(0.0, min(self.grace, self.lease.remaining()))
+        self.supervisor.extend(child.pid, time.monotonic() + grace)
+        threading.Thread(target=_kill_after, args=([child], grace), daemon=True,
+                         name=f"joblease-kill-{child.pid}").start()
 
     def start_child(self, command: list[str], env: dict[str, str]
                     ) -> subprocess.Popen[bytes] | None:
-        """Start the command unless the lease is already lost (then return ``None``)."""
+        """Start the command unless the lease is already lost (then return ``None``).
+
+        No ``preexec_fn``: without it the interpreter may spawn with ``vfork``, instead of
+        copying the whole worker with ``fork`` (2-4 ms a job). A command outliving its
+        worker is the supervisor's to stop (``joblease.supervisor``).
+        """
         with self._child_lock:
             if self.loss is not None or not self.lease.valid():
                 return None
-            self.sentinel = Sentinel.start(self.lease.deadline, self.grace)
-            self.child = subprocess.Popen(command, env=env, start_new_session=True,
-                                          preexec_fn=_die_with_parent)
-            self.sentinel.watch(self.child.pid)
+            self.child = subprocess.Popen(command, env=env, start_new_session=True)
+            self.supervisor.watch(self.child.pid, self.lease.deadline)
         if self.loss is not None:  # lost while starting: on_lost saw no child yet
             _signal_group(self.child, signal.SIGKILL)
         return self.child
 
-    def _kill_after_grace(self, child: subprocess.Popen[bytes]) -> None:
-        try:
-            child.wait(max(0.0, min(self.grace, self.lease.remaining())))
-        except subprocess.TimeoutExpired:
-            _signal_group(child, signal.SIGKILL)
-
     def on_renewed(self) -> None:
-        if self.sentinel is not None:
-            self.sentinel.extend(self.lease.deadline)
+        child = self.child
+        if child is not None:
+            self.supervisor.extend(child.pid, self.lease.deadline)
 
 
-class Sentinel:
-    """A tiny watcher process that kills the command's group if this runner cannot.
+class Stopper:
+    """Stops a worker's running commands on request, with no thread per command.
 
-    Why a process: if the runner is SIGKILLed (or OOM-killed) or paused, no thread of it
-    can stop the command, which runs in its own session. The sentinel reads deadlines
-    (local monotonic, shared by every process on the host) from a pipe: it kills the
-    group when the newest deadline passes, and stops it (SIGTERM, then SIGKILL by the
-    deadline) when the pipe closes without ``done`` — the runner died.
+    ``joblease work`` asks it when its drain timeout runs out: every command still
+    running gets SIGTERM, and one thread SIGKILLs after ``grace`` whatever is left. A
+    command registered after the request is stopped at once. ``remove`` tells whether the
+    stop ended the command (its lease is then released without counting an attempt).
     """
 
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self._proc = proc
+    def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._running: dict[int, subprocess.Popen[bytes]] = {}
+        self._stopped: set[int] = set()
+        self._grace: float | None = None
 
-    @classmethod
-    def start(cls, deadline: float, grace: float) -> Sentinel:
-        """Start the watcher (before the command, so no instant is left unwatched)."""
-        proc = subprocess.Popen([sys.executable, "-c", _SENTINEL_SOURCE, str(grace)],
-                                stdin=subprocess.PIPE, start_new_session=True)
-        sentinel = cls(proc)
-        sentinel._send(f"deadline {deadline!r}")
-        return sentinel
+    def add(self, child: subprocess.Popen[bytes]) -> None:
+        """A command started; stop it at once if the stop was already requested."""
+        with self._lock:
+            self._running[child.pid] = child
+            grace = self._grace
+        if grace is not None:
+            self._stop([child], grace)
 
-    def watch(self, pgid: int) -> None:
-        """Tell the watcher which process group to kill."""
-        self._send(f"pgid {pgid}")
+    def remove(self, child: subprocess.Popen[bytes]) -> bool:
+        """The command ended; whether this stopper stopped it."""
+        with self._lock:
+            self._running.pop(child.pid, None)
+            return child.pid in self._stopped
 
-    def extend(self, deadline: float) -> None:
-        """A renewal moved the deadline."""
-        self._send(f"deadline {deadline!r}")
+    def stop_all(self, grace: float) -> None:
+        """SIGTERM every running command now; SIGKILL after ``grace`` what is left."""
+        with self._lock:
+            self._grace = grace
+            children = list(self._running.values())
+        self._stop(children, grace)
 
-    def done(self) -> None:
-        """The command ended normally: the watcher exits without killing anything."""
-        self._send("done")
+    def _stop(self, children: list[subprocess.Popen[bytes]], grace: float) -> None:
+        live = [child for child in children if child.poll() is None]
+        if not live:
+            return
+        with self._lock:
+            self._stopped.update(child.pid for child in live)
+        for child in live:
+            _signal_group(child, signal.SIGTERM)
+        threading.Thread(target=_kill_after, args=(live, grace), daemon=True,
+                         name="joblease-stop").start()
+
+
+def _kill_after(children: list[subprocess.Popen[bytes]], grace: float) -> None:
+    end = time.monotonic() + grace
+    for child in children:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(5)
-
-    def _send(self, line: str) -> None:
-        with self._lock, contextlib.suppress(BrokenPipeError, ValueError, OSError):
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(line.encode() + b"\n")
-            self._proc.stdin.flush()
-
-
-_SENTINEL_SOURCE = r"""
-import os, select, signal, sys, time
-grace = float(sys.argv[1]); deadline = None; pgid = None; buf = b""
-def kill(sig):
-    if pgid is not None:
-        try: os.killpg(pgid, sig)
-        except ProcessLookupError: pass
-while True:
-    wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-    ready, _, _ = select.select([0], [], [], wait)
-    if not ready:
-        kill(signal.SIGKILL); sys.exit(0)
-    chunk = os.read(0, 4096)
-    if not chunk:
-        kill(signal.SIGTERM)
-        end = time.monotonic() + grace
-        if deadline is not None: end = min(end, deadline)
-        while pgid is not None and time.monotonic() < end:
-            try: os.killpg(pgid, 0)
-            except ProcessLookupError: sys.exit(0)
-            time.sleep(0.05)
-        kill(signal.SIGKILL); sys.exit(0)
-    buf += chunk
-    while b"\n" in buf:
-        line, buf = buf.split(b"\n", 1)
-        word, _, value = line.decode().partition(" ")
-        if word == "done": sys.exit(0)
-        if word == "pgid": pgid = int(value)
-        if word == "deadline": deadline = float(value)
-"""
-
-
-def _die_with_parent() -> None:
-    """In the command's process: get SIGKILL when the runner's thread that started it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            child.wait(max(0.0, end - time.monotonic()))
+            continue
+        _signal_group(child, signal.SIGKILL)
 
 
 def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0, *,
-                    stop: threading.Event | None = None,
-                    forward_signals: bool = True) -> RunResult:
+                    stop: Stopper | None = None, forward_signals: bool = True,
+                    supervisor: Supervisor | None = None) -> RunResult:
     """Run ``command`` while holding ``lease``; complete on exit 0, release otherwise.
 
     The command is stopped when the lease is lost, by the deadline at the latest — also if
-    this process is killed or paused (the sentinel does it then). It is never started if
+    this process is killed or paused (the supervisor does it then). It is never started if
     the lease was already lost.
 
     Args:
         lease: The claimed lease.
         command: The command and its arguments.
         grace: Seconds between SIGTERM and SIGKILL when the command must stop.
-        stop: When set, the command's group gets SIGTERM (SIGKILL after ``grace``) and the
-            lease is released *without* counting an attempt: the worker is leaving, the job
-            did not fail. ``joblease work`` sets it when its drain timeout runs out.
+        stop: The worker's :class:`Stopper`: when it stops the command (SIGTERM, SIGKILL
+            after ``grace``), the lease is released *without* counting an attempt: the
+            worker is leaving, the job did not fail. ``joblease work``'s drain timeout.
         forward_signals: Pass this process's SIGINT/SIGTERM on to the command (``run``).
             Only possible from the main thread; ``joblease work`` runs commands from
             threads and handles those signals itself (it drains).
+        supervisor: The worker's :class:`~joblease.supervisor.Supervisor`, shared by its
+            commands (``joblease work``); by default one for this command alone.
     """
-    holding = _StopChildOnLoss(lease, grace)
+    own = supervisor is None
+    watcher = Supervisor(grace) if supervisor is None else supervisor
+    try:
+        return _run(lease, command, grace, stop, forward_signals, watcher)
+    finally:
+        if own:
+            watcher.close()
+
+
+def _run(lease: Lease, command: list[str], grace: float, stop: Stopper | None,
+         forward_signals: bool, supervisor: Supervisor) -> RunResult:
+    holding = _StopChildOnLoss(lease, grace, supervisor)
     env = {**os.environ, **lease_environment(lease)}
     with holding:
         child = holding.start_child(command, env)
@@ -234,54 +225,18 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0, *,
 
 
 def _wait_for(child: subprocess.Popen[bytes], holding: _StopChildOnLoss, grace: float,
-              stop: threading.Event | None, forward_signals: bool) -> tuple[int, bool]:
+              stop: Stopper | None, forward_signals: bool) -> tuple[int, bool]:
     """Wait for the command; return its exit code and whether ``stop`` interrupted it."""
     restore = _forward_signals(child) if forward_signals else (lambda: None)
-    interrupter = _Interrupter(child, grace, stop) if stop is not None else None
+    if stop is not None:
+        stop.add(child)
     try:
         code = child.wait()
     finally:
         restore()
-        if interrupter is not None:
-            interrupter.finish()
-        if holding.sentinel is not None:
-            holding.sentinel.done()
-    return code, interrupter is not None and interrupter.fired
-
-
-class _Interrupter:
-    """Stops the command when the caller's ``stop`` event is set (a thread of its own).
-
-    Why a thread: the runner's own thread is blocked in ``wait()`` on the command, and
-    polling there would delay every normal exit by the polling period.
-    """
-
-    def __init__(self, child: subprocess.Popen[bytes], grace: float,
-                 stop: threading.Event) -> None:
-        self.child, self.grace, self.stop = child, grace, stop
-        self.fired = False
-        self._ended = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name=f"stop-{child.pid}",
-                                        daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._ended.is_set():
-            if self.stop.wait(0.1):
-                break
-        if self._ended.is_set() or self.child.poll() is not None:
-            return
-        self.fired = True
-        _signal_group(self.child, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.child.wait(self.grace)
-            return
-        _signal_group(self.child, signal.SIGKILL)
-
-    def finish(self) -> None:
-        """The command ended: let the thread go (it never signals an ended command)."""
-        self._ended.set()
-        self._thread.join()
+        interrupted = stop is not None and stop.remove(child)
+        holding.supervisor.done(child.pid)
+    return code, interrupted
 
 
 def _signal_group(child: subprocess.Popen[bytes], sig: signal.Signals) -> None:

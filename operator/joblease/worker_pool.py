@@ -41,8 +41,9 @@ from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
 from joblease.kube.api import ApiError, UnavailableError
-from joblease.runner import RunResult, run_under_lease
+from joblease.runner import RunResult, Stopper, run_under_lease
 from joblease.sdk.client import Lease
+from joblease.supervisor import Supervisor
 
 EXIT_OK, EXIT_API, EXIT_JOBS_FAILED, EXIT_DRAIN_TIMEOUT = 0, 6, 7, 8
 MAX_UNAVAILABLE_PAUSE = 5.0
@@ -139,7 +140,9 @@ class WorkPool:
         self.out = out or sys.stderr
         self.tally = Tally()
         self.draining = threading.Event()  # no new claims
-        self.stop = threading.Event()  # stop the running commands now
+        self.stop = threading.Event()  # set once the running commands were told to stop
+        self.stopper = Stopper()  # stops them, one thread for all of them
+        self.supervisor = Supervisor(options.grace)  # one watcher process for every job
         self._wake = threading.Event()  # the main loop has something to look at
         self._drain_deadline: float | None = None
         self._timed_out = False  # the drain timeout stopped running commands
@@ -175,6 +178,7 @@ class WorkPool:
             self._wake.clear()
         for slot in slots:
             slot.join()
+        self.supervisor.close()  # no command left: the watcher exits without killing
         self.progress(force=True)
         return self._exit_code()
 
@@ -189,6 +193,7 @@ class WorkPool:
                     self._say(f"drain timeout: stopping {busy} running command(s)")
                     self._timed_out = True
                 self.stop.set()
+                self.stopper.stop_all(self.options.grace)
         elif self.options.until_empty and self._empty():
             self._say("nothing unfinished left in the selector")
             self._emptied = True
@@ -291,7 +296,8 @@ class WorkPool:
         result: RunResult | None = None
         try:
             result = run_under_lease(lease, self.options.command, self.options.grace,
-                                     stop=self.stop, forward_signals=False)
+                                     stop=self.stopper, forward_signals=False,
+                                     supervisor=self.supervisor)
         except OSError as err:  # the command could not start; Holding released as failed
             self._say(f"{lease.name}: {err}")
         word = self.tally.count(result)

@@ -11,7 +11,7 @@ One run (:func:`run_pool_chaos`):
    ``tests.faults.pool_job`` (two fenced writes to PostgreSQL, recorded);
 3. a chaos loop (seeded) SIGKILLs workers that have a command running and restarts them
    under a new name, and SIGSTOPs others — the worker alone, or with its commands and their
-   sentinel — for up to twice the lease, then SIGCONTs them;
+   supervisor — for up to twice the lease, then SIGCONTs them;
 4. when the chaos time is over (or the batch is nearly drained) everything is resumed and
    the workers drain the rest and exit by themselves;
 5. the history goes through both checkers (:func:`harness.judge`), and
@@ -153,7 +153,7 @@ class PoolWorkers:
         self.names[index] = name
 
     def kill(self, index: int) -> None:
-        """SIGKILL the worker (its commands die with it: PDEATHSIG and the sentinel)."""
+        """SIGKILL the worker (its commands die with it: its supervisor stops them)."""
         proc = self.procs[index]
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signal.SIGKILL)
@@ -165,7 +165,7 @@ class PoolWorkers:
         return any(_is_command(pid) for pid in descendants(self.procs[index].pid))
 
     def tree(self, index: int) -> list[int]:
-        """The worker and every process below it (commands, sentinels)."""
+        """The worker and every process below it (commands, the supervisor)."""
         pid = self.procs[index].pid
         return [pid, *descendants(pid)]
 
@@ -243,7 +243,7 @@ class Chaos:
     def resume_due(self, now: float) -> None:
         """SIGCONT what is due: the commands first, so that a stale one gets to write.
 
-        Why the head start: resumed together, the command's sentinel (past its deadline)
+        Why the head start: resumed together, the worker's supervisor (past the deadline)
         usually kills it before its next write; the fence would never be tested.
         """
         due = [p for p in self.paused if p[0] <= now]
@@ -306,7 +306,7 @@ def chaos_loop(workers: PoolWorkers, rng: random.Random, plan: ChaosPlan,
 
 def _pause(workers: PoolWorkers, index: int, rng: random.Random, plan: ChaosPlan,
            now: float) -> tuple[float, list[int], list[int]]:
-    """SIGSTOP a worker alone (its commands run on), or with its commands and sentinels.
+    """SIGSTOP a worker alone (its commands run on), or with its commands and its supervisor.
 
     A paused tree stays stopped past the lease and its backoff most of the time, so the job
     is taken over and the stale command's next write, once resumed, meets the fence.

@@ -9,7 +9,7 @@ work tree is never modified. Only the fast unit tests run against the mutants
 fixes of issue 15 land — mutmut refuses to start on a red suite).
 
 Usage: ``python -m tests.mutation.mutate [MODULE ...]`` where MODULE is one of
-``domain``, ``transact``, ``sdk`` (default: all three). Prints one line per module:
+``domain``, ``transact``, ``sdk``, ``aio``, ``core`` (default: all). Prints one line per module:
 killed / total and the score, then every survivor's name.
 """
 
@@ -31,6 +31,8 @@ TARGETS = {
     "domain": "src/joblease/domain/*",
     "transact": "src/joblease/kube/transact.py",
     "sdk": "src/joblease/sdk/*",
+    "aio": "src/joblease/aio/*",
+    "core": "src/joblease/core/*",
 }
 # test_fuzz_schema: fails on purpose until issue 15's production fixes land (see its module
 # doc). test_layout: checks the repository's layout, which the staging
@@ -125,6 +127,10 @@ def module_of(mutant: str) -> str:
     """Which of TARGETS a mutant belongs to (by its dotted name)."""
     if mutant.startswith("joblease.domain."):
         return "domain"
+    if mutant.startswith("joblease.aio."):
+        return "aio"
+    if mutant.startswith("joblease.core."):
+        return "core"
     if mutant.startswith("joblease.kube.transact."):
         return "transact"
     return "sdk"

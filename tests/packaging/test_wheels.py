@@ -48,7 +48,7 @@ def _cluster_builder_files(wheel: Path) -> list[str]:
 
 def test_the_product_wheel_has_no_cluster_builder_module(wheels: Wheels) -> None:
     names = _names(wheels.product)
-    assert "joblease/sdk/client.py" in names and "joblease/cli.py" in names  # the product
+    assert "joblease/sdk/client.py" in names and "joblease/cli/__init__.py" in names  # the product
     assert _cluster_builder_files(wheels.product) == []
     modules = {Path(n).stem for n in _names(wheels.localcluster) if n.endswith(".py")}
     # every cluster module name, wherever it might have been put in the product's package

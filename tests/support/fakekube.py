@@ -220,3 +220,40 @@ def transact_via_async(store: Any, namespace: str, name: str, decide: Any, **kwa
     from joblease.kube.transact import atransact
 
     return asyncio.run(atransact(AsyncStoreOver(store), namespace, name, decide, **kwargs))
+
+
+class AsyncFakeKubeApi:
+    """``AsyncKubeApi``'s surface over a ``FakeKubeApi``: the same objects, clock and faults.
+
+    The asyncio client's in-memory API server (issue 23, item 3): every request goes to the
+    wrapped sync fake, so a test can drive ``AsyncLeaseClient`` and ``LeaseClient`` against
+    one store and compare, and set ``refuse_next``, ``now`` or ``objects`` on ``sync``.
+    """
+
+    def __init__(self, sync: FakeKubeApi) -> None:
+        self.sync = sync
+
+    @property
+    def clock(self) -> ServerClock:
+        return self.sync.clock
+
+    def monotonic(self) -> float:
+        return float(self.sync.monotonic())
+
+    async def server_now(self) -> ServerNow:
+        return self.sync.server_now()
+
+    async def calibrate(self, max_seconds: float = 1.5, target_error: float = 0.01) -> float:
+        return 0.0
+
+    async def whoami(self) -> str:
+        return str(self.sync.whoami())  # type: ignore[attr-defined]
+
+    async def request(self, method: str, path: str, body: Any = None, *,
+                      query: dict[str, str] | None = None, content_type: str | None = None,
+                      timeout: float = 10.0) -> Response:
+        return self.sync.request(method, path, body, query=query, content_type=content_type,
+                                 timeout=timeout)
+
+    async def close(self) -> None:
+        pass

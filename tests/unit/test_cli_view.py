@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from joblease import cli_view
 from joblease.cli import build_parser
+from joblease.cli import view as cli_view
+from joblease.cli.completion import completion_script
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import format_time
 
@@ -127,20 +128,20 @@ def test_human_seconds(seconds: float | None, text: str) -> None:
 
 def test_completion_offers_every_verb_and_option_of_the_parser() -> None:
     parser = build_parser()
-    script = cli_view.completion_script(parser, "bash")
+    script = completion_script(parser, "bash")
     for verb in ("claim", "renew", "complete", "release", "get", "run", "ls", "top",
                  "describe", "completion", "operator"):
         assert verb in script
     assert "--selector" in script and "--claim-id" in script and "--wait" in script
     assert script.rstrip().endswith("complete -F _joblease joblease kubectl-joblease")
-    assert "bashcompinit" in cli_view.completion_script(parser, "zsh")
+    assert "bashcompinit" in completion_script(parser, "zsh")
     with pytest.raises(ValueError):
-        cli_view.completion_script(parser, "fish")
+        completion_script(parser, "fish")
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 def test_bash_completion_script_completes_verbs_and_options() -> None:
-    script = cli_view.completion_script(build_parser(), "bash")
+    script = completion_script(build_parser(), "bash")
 
     def complete(*words: str) -> list[str]:
         line = " ".join(f"'{w}'" for w in words)

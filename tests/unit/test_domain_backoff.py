@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from joblease.domain.clock import ServerClock, ServerNow
+from joblease.domain.clock import ServerClock
 from joblease.domain.errors import LeaseFinishedError, LeaseHeldError, LeaseNotReadyError
 from joblease.domain.lease import (
     EARLIEST_TIME,
@@ -26,15 +26,11 @@ from joblease.domain.lease import (
     decide_release,
     not_before,
 )
+from support.builders import T0, at
 
-T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 MARGIN = timedelta(milliseconds=250)
 BACKOFF = Backoff(initial_seconds=10, factor=2.0, max_seconds=60)
 
-
-def at(seconds: float, error: float = 0.0) -> ServerNow:
-    mid = T0 + timedelta(seconds=seconds)
-    return ServerNow(mid - timedelta(seconds=error), mid + timedelta(seconds=error))
 
 
 def lease(status: LeaseStatus | None = None, backoff: Backoff | None = BACKOFF,

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
-from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
     LeaseExpiredError,
     LeaseFinishedError,
@@ -28,8 +27,8 @@ from joblease.domain.lease import (
     ttl_expired,
 )
 from joblease.domain.token import FencingToken
+from support.builders import T0, at
 
-T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 MARGIN = timedelta(milliseconds=250)
 
 
@@ -37,10 +36,6 @@ def c(holder: str, o: Observed, generation: int) -> Claim:
     """The claim a caller presents: its holder and the whole token (this incarnation's epoch)."""
     return Claim(holder, FencingToken(o.status.epoch or 0, generation))
 
-
-def at(seconds: float, error: float = 0.0) -> ServerNow:
-    mid = T0 + timedelta(seconds=seconds)
-    return ServerNow(mid - timedelta(seconds=error), mid + timedelta(seconds=error))
 
 
 def obs(status: LeaseStatus | None = None, rv: str = "100", **spec: int) -> Observed:

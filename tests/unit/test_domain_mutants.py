@@ -49,8 +49,8 @@ from joblease.domain.lease import (
     ttl_expired,
 )
 from joblease.domain.token import FencingToken
+from support.builders import T0
 
-T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 T0_TEXT = "2026-12-02T12:00:00.000Z"
 MARGIN = timedelta(seconds=1)
 US = timedelta(microseconds=1)

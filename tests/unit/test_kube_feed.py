@@ -7,16 +7,21 @@ watch, which the local API server (with its watch cache) does not give.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from joblease.core.feed import UNFINISHED, LeaseFeed
+from joblease.core.feed import UNFINISHED, Feed, LeaseFeed
+from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.lease import Observed
 from joblease.domain.pool import PoolView
+from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.api import ForbiddenError, GoneError, InvalidError, WatchStream
 from joblease.kube.leases import LeaseStore
 
@@ -111,12 +116,57 @@ def listing(rv: int, *names: str, token: str = "") -> dict[str, Any]:
             "items": [obj(n, rv - 1) for n in names]}
 
 
-def run(api: ScriptedApi, **kwargs: Any) -> tuple[LeaseFeed, Recorder]:
-    feed = LeaseFeed(LeaseStore(api), "ns", "pool=a", watch_seconds=7, **kwargs)  # type: ignore[arg-type]
-    api.feed = feed
+class AsyncScripted:
+    """The same script behind the asyncio transport's surface (``AsyncKubeApi``)."""
+
+    def __init__(self, api: ScriptedApi) -> None:
+        self.api = api
+        self.stopped = False
+
+    async def request(self, method: str, path: str, body: Any = None, *,
+                      query: dict[str, str], content_type: str | None = None,
+                      timeout: float = 0) -> Body:
+        return self.api.request(method, path, body, query=query, timeout=timeout)
+
+    async def watch(self, path: str, query: dict[str, str], on_event: Any, *,
+                    idle_timeout: float) -> None:
+        assert query.pop("watch") == "true"
+        for event in self.api.watch(path, query, timeout=idle_timeout):
+            on_event(event["type"], event["object"])
+        if self.stopped:
+            raise asyncio.CancelledError  # how an AsyncPool stops its feed: cancellation
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+DRIVER = "sync"
+
+
+@pytest.fixture(params=["sync", "async"], autouse=True)
+def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs the one feed under both drivers: the thread's and the asyncio one."""
+    monkeypatch.setattr(sys.modules[__name__], "DRIVER", request.param)
+    return str(request.param)
+
+
+def run(api: ScriptedApi, **kwargs: Any) -> tuple[Feed, Recorder]:
     sink = Recorder()
-    feed.run(sink)
-    return feed, sink
+    if DRIVER == "sync":
+        feed = LeaseFeed(LeaseStore(api), "ns", "pool=a", watch_seconds=7, **kwargs)  # type: ignore[arg-type]
+        api.feed = feed
+        feed.run(sink)
+        return feed, sink
+    aapi = AsyncScripted(api)
+    api.feed = aapi  # type: ignore[assignment]
+    afeed = Feed("ns", "pool=a", watch_seconds=7, **kwargs)
+
+    async def main() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await adrive(afeed.steps(sink), AsyncPort(AsyncLeaseStore(aapi)))  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    return afeed, sink
 
 
 def gone_event() -> dict[str, Any]:
@@ -192,3 +242,21 @@ def test_without_selectable_fields_finished_leases_are_filtered_on_this_side() -
     assert sink.troubles == []
     assert sink.calls == ["replace ['a'] @10", "ADDED b @11", "DELETED a @12"]
     assert sink.get("a") is None and sink.unfinished() == 1
+
+
+def test_an_unreadable_object_is_skipped_counted_and_logged_and_the_feed_goes_on(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One bad object never stops the feed (issue 23, item 2): the asyncio pool skipped it,
+    the thread pool's feed stopped on it; now both skip, count and log it."""
+    hostile = {"metadata": {"name": "bad", "resourceVersion": "11"},
+               "status": {"phase": "Held", "generation": "not a number"}}
+    api = ScriptedApi(lists=[{"metadata": {"resourceVersion": "10"},
+                              "items": [obj("a", 9), {"metadata": "not an object"}]}],
+                      watches=[[{"type": "ADDED", "object": hostile},
+                                {"type": "MODIFIED", "object": {"metadata": "x"}},
+                                {"type": "ADDED", "object": obj("b", 12)}]])
+    feed, sink = run(api)
+    assert sink.calls == ["replace ['a'] @10", "ADDED b @12"]
+    assert feed.counts.unreadable == 3 and feed.counts.events == 3
+    assert feed.resource_version == "12"
+    assert "skipping an unreadable JobLease 'bad'" in caplog.text

@@ -18,7 +18,8 @@ import kopf
 import pytest
 
 from joblease.controller import handlers, main, metrics
-from joblease.controller.runtime import MEMO_KEY, Operator
+from joblease.controller.handlers import MEMO_KEY
+from joblease.controller.runtime import Operator
 from joblease.controller.settings import OperatorSettings, SettingsError, add_arguments
 from support.fakekube import FakeKubeApi, lease_object
 
@@ -170,7 +171,7 @@ def test_a_bad_setting_exits_2_before_anything_starts(
         raise AssertionError("started despite an invalid setting")
 
     monkeypatch.setattr(main, "start_http_server", must_not_run)
-    monkeypatch.setattr(Operator, "run", must_not_run)
+    monkeypatch.setattr(handlers, "run", must_not_run)
     monkeypatch.setenv("JOBLEASE_OPERATOR_WRITERS", "0")
     assert main.main([]) == 2
     assert capsys.readouterr().err == ("joblease operator: invalid setting: "

@@ -30,15 +30,15 @@ import heapq
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.lease import LeaseSpec, LeaseStatus, Observed, Phase
 from joblease.domain.pool import PoolView
+from support.builders import T0
 
-T0 = datetime(2026, 12, 2, 12, 0, 0, tzinfo=UTC)
 MARGIN = timedelta(milliseconds=250)
 LAG = 0.2  # seconds from a change on the server to its event in every worker's view
 RTT = 0.004  # a claim's round trip: decided at t, lands at t + RTT/2, answered at t + RTT

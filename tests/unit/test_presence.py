@@ -16,6 +16,7 @@ import pytest
 
 from joblease.core.presence import (
     POOL_LABEL,
+    WARM_UP,
     Presence,
     live_records,
     micro_time,
@@ -52,7 +53,8 @@ def rounds(presence: Presence, api: FakeKubeApi, n: int) -> Collect:
 
     with pytest.raises(Stopped):
         drive(presence.steps(sink), Port(LeaseStore(api)))  # type: ignore[arg-type]
-    assert all(0.8 * presence.every <= s <= 1.2 * presence.every for s in slept)
+    expected = [*WARM_UP, *[presence.every] * n][:len(slept)]
+    assert all(0.8 * e <= s <= 1.2 * e for s, e in zip(slept, expected, strict=True))
     return sink
 
 

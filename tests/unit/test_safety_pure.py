@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 import threading
 import time
 from dataclasses import replace
@@ -44,7 +43,6 @@ from joblease.domain.token import FencingToken
 from joblease.kube.api import KubeApi, Response, UnavailableError
 from joblease.kube.pods import PodInfo
 from joblease.kube.transact import ContentionError
-from joblease.runner import _SENTINEL_SOURCE, Sentinel
 from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
 from support.memstore import T0, MemoryStore
 
@@ -269,25 +267,8 @@ def test_an_async_body_after_its_completion_is_not_cancelled() -> None:
     assert len(steps) == 20
 
 
-# -- item 5: the sentinel ------------------------------------------------------------------
-
-def test_the_sentinel_source_compiles() -> None:
-    compile(_SENTINEL_SOURCE, "<sentinel>", "exec")
-
-
-def test_the_sentinel_kills_the_group_at_the_deadline_and_when_the_runner_dies() -> None:
-    at_deadline = Sentinel.start(time.monotonic() + 0.5, grace=5.0)
-    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    at_deadline.watch(child.pid)
-    started = time.monotonic()
-    assert child.wait(5) == -9 and time.monotonic() - started < 3.0
-    orphaned = Sentinel.start(time.monotonic() + 30, grace=0.5)
-    child = subprocess.Popen(["sleep", "30"], start_new_session=True)
-    orphaned.watch(child.pid)
-    assert orphaned._proc.stdin is not None
-    orphaned._proc.stdin.close()  # what the runner's death looks like to it
-    started = time.monotonic()
-    assert child.wait(5) in (-15, -9) and time.monotonic() - started < 3.0
+# -- item 5: the supervisor (one watcher process per worker; issue 22 replaced the sentinel) --
+# Its own tests: tests/unit/test_supervisor.py.
 
 
 # -- item 6: drift in the holder's deadline --------------------------------------------------

@@ -1,4 +1,8 @@
-"""The thread-based work pool (``joblease.sdk.pool.Pool``) on the in-memory API server.
+"""The thread-based work pool's own concerns (``joblease.sdk.pool.Pool``), in-memory.
+
+What both pools share is tested once, for both, in ``tests/unit/test_pools.py``; here stay
+the thread pool's clock injection (``joblease.sdk.pool.time``), its feed thread's failures,
+the client's shared pool per selector and presence. The original summary:
 
 The claims are real (``LeaseClient``, ``LeaseStore`` and ``transact`` over
 ``support.fakekube``); only the list+watch is scripted (``ScriptedFeed`` stands in for
@@ -25,52 +29,15 @@ import pytest
 from joblease.core.presence import Presence
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.errors import PoolClosedError, format_time
-from joblease.domain.lease import Observed
-from joblease.kube.api import ForbiddenError, Response, UnavailableError
+from joblease.domain.errors import PoolClosedError
+from joblease.kube.api import ForbiddenError, UnavailableError
 from joblease.kube.leases import LeaseStore
-from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient
+from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
 from joblease.sdk.pool import Pool
-from support.fakekube import T_NOW, FakeKubeApi, lease_object
+from support.fakekube import T_NOW, FakeKubeApi
+from support.pools import ScriptedFeed, available, held_by_other, server, writes
 
 LOST = UnavailableError(0, "Unavailable", "connection reset")
-
-
-class ScriptedFeed:
-    """``LeaseFeed``'s surface: lists the fake server's objects once, then waits for events.
-
-    ``before_list`` is reported as trouble (and the list skipped) when set; ``crash`` is
-    raised from ``run`` instead of listing (a bug in the feed's thread).
-    """
-
-    before_list: Exception | None = None
-    crash: Exception | None = None
-
-    def __init__(self, api: FakeKubeApi) -> None:
-        self.api = api
-        self.sink: Any = None
-        self.listed = threading.Event()
-        self.stopped = threading.Event()
-
-    def run(self, sink: Any) -> None:
-        self.sink = sink
-        if self.crash is not None:
-            raise self.crash
-        if self.before_list is not None:
-            sink.trouble(self.before_list)
-        else:
-            sink.replace([Observed.from_object(o) for o in self.api.objects.values()],
-                         str(max(int(o["metadata"]["resourceVersion"])
-                                 for o in self.api.objects.values())))
-        self.listed.set()
-        self.stopped.wait(30)
-
-    def stop(self) -> None:
-        self.stopped.set()
-
-    def event(self, kind: str, name: str) -> None:
-        """Deliver the fake server's current version of ``name`` as a watch event."""
-        self.sink.apply(kind, Observed.from_object(self.api.stored("ns", name)))  # type: ignore[arg-type]
 
 
 class FakeTime:
@@ -100,29 +67,6 @@ def feeds(monkeypatch: pytest.MonkeyPatch) -> list[ScriptedFeed]:
     return made
 
 
-def server(*jobs: tuple[str, dict[str, Any] | None, dict[str, Any]],
-           api: FakeKubeApi | None = None) -> FakeKubeApi:
-    """A fake API server holding ``(name, status, spec)`` jobs, created one second apart."""
-    api = api or FakeKubeApi()
-    for i, (name, status, spec) in enumerate(jobs):
-        obj = lease_object(name, status, **spec)
-        obj["metadata"]["creationTimestamp"] = format_time(T_NOW + timedelta(seconds=i))
-        api.put_object(obj)
-    return api
-
-
-def available(name: str, **spec: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    return name, {"phase": "Available", "generation": 0, "epoch": 1}, spec
-
-
-def held_by_other(name: str, until: float, **extra: Any
-                  ) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    status = {"phase": "Held", "holder": "other", "generation": 1, "epoch": 1,
-              "claimId": "theirs", "leaseUntil": format_time(T_NOW + timedelta(seconds=until)),
-              **extra.pop("status", {})}
-    return name, status, extra
-
-
 def pool_over(api: FakeKubeApi, feeds: list[ScriptedFeed], **kwargs: Any
               ) -> tuple[LeaseClient, Pool, ScriptedFeed]:
     client = LeaseClient("ns", api=api, calibrate=False)  # type: ignore[arg-type]
@@ -139,71 +83,9 @@ def closing() -> Iterator[list[Pool]]:
         pool.close()
 
 
-def writes(api: FakeKubeApi) -> list[tuple[str, str]]:
-    return [(method, path.rsplit("/", 2)[-2] if path.endswith("/status") else
-             path.rsplit("/", 1)[-1]) for method, path in api.requests]
 
 
 # -- claiming from the cache -------------------------------------------------------------------
-
-def test_each_claim_is_one_write_decided_from_the_cache_oldest_first(
-        feeds: list[ScriptedFeed], closing: list[Pool]) -> None:
-    api = server(available("first"), available("second"))
-    _, pool, _ = pool_over(api, feeds, spread=1)
-    closing.append(pool)
-    one = pool.claim_next("w", timeout=0)
-    two = pool.claim_next("w", timeout=0)
-    assert isinstance(one, Lease) and isinstance(two, Lease)
-    assert (one.name, one.holder, one.generation) == ("first", "w", 1)
-    assert two.name == "second"  # the cache learned that "first" is held now
-    assert writes(api) == [("PATCH", "first"), ("PATCH", "second")]  # no read to find work
-    assert pool.claim_next("w", timeout=0) is None
-    assert (pool.claims, pool.conflicts) == (2, 0)
-    assert api.stored("ns", "first")["status"]["claimId"] == one.claim_id  # type: ignore[index]
-
-
-def test_a_lost_race_costs_one_write_and_sets_the_name_aside_until_a_newer_version(
-        feeds: list[ScriptedFeed], closing: list[Pool]) -> None:
-    api = server(available("first"), available("second"))
-    _, pool, feed = pool_over(api, feeds, spread=1)
-    closing.append(pool)
-    server(held_by_other("first", 30), api=api)  # another worker was faster
-    got = pool.claim_next("w", timeout=0)
-    assert got is not None and got.name == "second"
-    assert writes(api) == [("PATCH", "first"), ("PATCH", "second")]
-    assert (pool.claims, pool.conflicts) == (1, 1)
-    assert pool.claim_next("w", timeout=0) is None  # "first" is not asked about again
-    assert len(api.requests) == 2
-    server(available("first"), api=api)  # released: the watch brings the newer version
-    feed.event("MODIFIED", "first")
-    again = pool.claim_next("w", timeout=0)
-    assert again is not None and again.name == "first"
-
-
-def test_a_lost_answer_is_retried_with_the_same_claim_id_and_a_landed_claim_adopted(
-        feeds: list[ScriptedFeed], closing: list[Pool], monkeypatch: pytest.MonkeyPatch
-        ) -> None:
-    api = server(available("first"))
-    _, pool, _ = pool_over(api, feeds)
-    closing.append(pool)
-    clock = FakeTime()
-    monkeypatch.setattr("joblease.sdk.pool.time", clock)
-    real_request = api.request
-
-    def request(method: str, path: str, body: Any = None, **kwargs: Any) -> Response:
-        answer = real_request(method, path, body, **kwargs)
-        if method == "PATCH" and len(api.requests) == 1:
-            raise LOST  # the write landed, its answer did not
-        return answer
-
-    monkeypatch.setattr(api, "request", request)
-    lease = pool.claim_next("w", timeout=10)
-    assert lease is not None and lease.generation == 1
-    assert writes(api) == [("PATCH", "first"), ("GET", "first")]  # adopted: no second write
-    assert api.stored("ns", "first")["status"]["claimId"] == lease.claim_id  # type: ignore[index]
-    assert clock.slept == [0.05]
-    assert (pool.claims, pool.conflicts) == (1, 0)
-
 
 @pytest.mark.parametrize(("timeout", "pauses"), [
     (3.0, [0.05, 0.1, 0.2, 0.4, 0.8]),  # the next pause (1.6) would end past the timeout
@@ -225,34 +107,7 @@ def test_lost_answers_are_retried_doubling_to_two_seconds_and_never_past_the_tim
     assert pool.conflicts == 0  # unknown is not refused
 
 
-def test_a_claim_that_only_records_used_up_attempts_is_not_a_lease(
-        feeds: list[ScriptedFeed], closing: list[Pool]) -> None:
-    api = server(held_by_other("last", -60, maxAttempts=1))
-    _, pool, _ = pool_over(api, feeds)
-    closing.append(pool)
-    assert pool.claim_next("w", timeout=0) is None
-    assert api.stored("ns", "last")["status"]["phase"] == "Failed"  # type: ignore[index]
-    assert (pool.claims, pool.conflicts) == (0, 0)
-    assert pool.unfinished() == 0  # the cache learned the write
-
-
 # -- waiting -----------------------------------------------------------------------------------
-
-def test_a_waiting_claim_takes_what_the_watch_brings(feeds: list[ScriptedFeed],
-                                                     closing: list[Pool]) -> None:
-    api = server(held_by_other("busy", 3600))
-    _, pool, feed = pool_over(api, feeds)
-    closing.append(pool)
-    got: list[Lease | None] = []
-    waiter = threading.Thread(target=lambda: got.append(pool.claim_next("w", timeout=10)))
-    start = time.monotonic()
-    waiter.start()
-    server(available("new"), api=api)
-    feed.event("ADDED", "new")
-    waiter.join(10)
-    assert got and got[0] is not None and got[0].name == "new"
-    assert time.monotonic() - start < 5
-
 
 class RealTimeApi(FakeKubeApi):
     """A fake server whose clock runs with this process's (exact: no error interval)."""
@@ -284,31 +139,6 @@ def test_a_waiter_wakes_when_a_holders_end_plus_margin_has_certainly_passed_with
     assert api.monotonic() >= wake
     assert api.monotonic() < 3  # woken at the end, not at the timeout
     assert api.server_now_calls < 20  # it slept until then; it did not spin
-
-
-def test_until_empty_returns_at_once_when_nothing_unfinished_is_left(
-        feeds: list[ScriptedFeed], closing: list[Pool]) -> None:
-    api = server(("done", {"phase": "Completed", "generation": 1, "epoch": 1}, {}))
-    _, pool, _ = pool_over(api, feeds)
-    closing.append(pool)
-    start = time.monotonic()
-    assert pool.claim_next("w", timeout=5, until_empty=True) is None
-    assert time.monotonic() - start < 2
-    assert pool.unfinished() == 0
-
-
-def test_closing_the_pool_releases_a_waiting_claim(feeds: list[ScriptedFeed]) -> None:
-    api = server(held_by_other("busy", 3600))
-    _, pool, feed = pool_over(api, feeds)
-    got: list[Lease | None] = ["not returned"]  # type: ignore[list-item]
-    waiter = threading.Thread(target=lambda: got.__setitem__(0, pool.claim_next("w")))
-    waiter.start()
-    time.sleep(0.05)
-    pool.close()
-    pool.close()  # idempotent
-    waiter.join(5)
-    assert not waiter.is_alive() and got == [None]
-    assert feed.stopped.is_set()
 
 
 def test_a_dead_watch_stops_the_claims_with_its_cause(feeds: list[ScriptedFeed],

@@ -25,6 +25,7 @@ from joblease.fencing.errors import FencingError, StaleTokenError
 from joblease.kube.api import ApiError, UnavailableError
 from joblease.kube.transact import ContentionError
 from joblease.sdk import Holding, LeaseClient
+from joblease.sdk.client import default_holder
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
 
 
@@ -234,3 +235,28 @@ def test_a_resumed_stale_token_is_told_the_current_claim() -> None:
     assert not stale.valid()
     with pytest.raises(StaleLeaseError, match="current generation is 1"):
         stale.renew()
+
+
+# -- the sync package's own surface (moved from test_sdk_client.py) --------------------------
+
+def test_the_lazily_loaded_names_are_the_defining_modules_own() -> None:
+    """``from joblease.sdk import Pool`` (and the holdings) load their modules on first use;
+    each name must still be the very class the module defines, and a typo must say so."""
+    import joblease.sdk as sdk
+    from joblease.domain.errors import PoolClosedError
+    from joblease.sdk import hold, pool
+
+    for name in ("AsyncHolding", "Holding", "RenewalStoppedError"):
+        assert getattr(sdk, name) is getattr(hold, name)
+    assert sdk.Pool is pool.Pool
+    assert sdk.PoolClosedError is PoolClosedError
+    with pytest.raises(AttributeError) as err:
+        sdk.Holdings  # noqa: B018
+    assert str(err.value) == "module 'joblease.sdk' has no attribute 'Holdings'"
+
+
+def test_default_holder_prefers_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JOBLEASE_HOLDER", "from-env")
+    assert default_holder() == "from-env"
+    monkeypatch.delenv("JOBLEASE_HOLDER")
+    assert default_holder().rsplit("-", 1)[1].isdigit()

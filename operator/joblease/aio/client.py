@@ -26,6 +26,7 @@ from joblease.domain.token import FencingToken
 from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.transact import MAX_CONFLICTS, Outcome
+from joblease.kube.transport import AsyncTransport
 
 
 class AsyncLeaseClient(ClientCore["AsyncLease"]):
@@ -54,13 +55,13 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
             (overrides ``JOBLEASE_MAX_SERVER_SKEW``; see ``docs/ha.md``).
     """
 
-    def __init__(self, namespace: str = "default", *, api: AsyncKubeApi | None = None,
+    def __init__(self, namespace: str = "default", *, api: AsyncTransport | None = None,
                  kubeconfig: str | None = None, context: str | None = None,
                  margin: timedelta = DEFAULT_MARGIN, calibrate: bool = True,
                  max_server_skew: timedelta | None = None) -> None:
         self.namespace = namespace
         self._owns_api = api is None
-        self.api = api or AsyncKubeApi(kubeconfig=kubeconfig, context=context)
+        self.api: AsyncTransport = api or AsyncKubeApi(kubeconfig=kubeconfig, context=context)
         if max_server_skew is not None:
             self.api.clock.max_skew = max_server_skew.total_seconds()
         self.store = AsyncLeaseStore(self.api)
@@ -128,7 +129,7 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
         await self.close()
 
     @property
-    def _clocks(self) -> AsyncKubeApi:
+    def _clocks(self) -> AsyncTransport:
         """The transport's clocks (local monotonic and the server-clock estimate)."""
         return self.api
 

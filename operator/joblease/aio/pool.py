@@ -36,9 +36,9 @@ from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
-from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.api import ApiError, UnavailableError
+from joblease.kube.transport import AsyncTransport
 
 L = TypeVar("L", bound=PooledLease)
 L_co = TypeVar("L_co", bound=PooledLease, covariant=True)
@@ -49,7 +49,7 @@ class AsyncPoolClient(Protocol[L_co]):
 
     namespace: str
     store: AsyncLeaseStore
-    api: AsyncKubeApi
+    api: AsyncTransport
 
     async def calibrate_if_due(self) -> None:
         """Calibrate once, before the first choice."""

@@ -1,9 +1,13 @@
-"""kopf wiring only: each handler finds this run's :class:`Operator` in ``memo`` and defers.
+"""The kopf adapter, and the only controller module that imports kopf.
+
+It owns ``kopf.run`` (:func:`run`), kopf's settings (:func:`kopf_settings`) and the memo key
+under which each handler finds this run's :class:`~joblease.controller.runtime.Operator`;
+every handler only defers to it. ``Operator`` itself has no kopf import.
 
 Deliberately write-free towards kopf's own bookkeeping: only ``@kopf.on.event`` (returns
 ``None``, so nothing is stored in ``status``), no create/update/timer/daemon handlers (they
 would add annotations and a finalizer), Events posting from logs disabled, peering off
-(``runtime.kopf_settings``).
+(:func:`kopf_settings`).
 
 Why a registry per run (:func:`build_registry`) instead of decorators on kopf's default
 registry at import time: importing this module then changes nothing, and two runs in one
@@ -22,10 +26,29 @@ from joblease.kube.pods import LEASE_LABEL
 if TYPE_CHECKING:
     from joblease.controller.runtime import Operator
 
+MEMO_KEY = "operator"
+
+
+def run(operator: Operator) -> None:
+    """Run ``operator`` under kopf until interrupted (standalone: no peering, no election)."""
+    settings = operator.settings
+    kopf.run(registry=build_registry(), settings=kopf_settings(),
+             memo=kopf.Memo({MEMO_KEY: operator}), standalone=True,
+             clusterwide=settings.clusterwide, namespaces=settings.namespaces,
+             liveness_endpoint=settings.liveness_endpoint)
+
+
+def kopf_settings() -> kopf.OperatorSettings:
+    """A kopf configuration that writes nothing of its own: no Events from logs, no peering."""
+    settings = kopf.OperatorSettings()
+    settings.posting.enabled = False
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 300
+    return settings
+
 
 def operator_of(memo: Any) -> Operator:
-    """The run's :class:`Operator`, which ``Operator.run`` put in kopf's memo."""
-    from joblease.controller.runtime import MEMO_KEY
+    """The run's :class:`Operator`, which :func:`run` put in kopf's memo."""
     operator: Operator = memo[MEMO_KEY]
     return operator
 

@@ -13,6 +13,7 @@ import sys
 
 from prometheus_client import start_http_server
 
+from joblease.controller import handlers
 from joblease.controller import settings as settings_module
 from joblease.controller.runtime import Operator
 from joblease.controller.settings import OperatorSettings, SettingsError
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, settings.logging_level))
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr=settings.metrics_addr)
-    Operator(settings).run()
+    handlers.run(Operator(settings))
     return 0
 
 

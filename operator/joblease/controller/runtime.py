@@ -3,9 +3,10 @@
 Why an object and not module globals: the lease view, the pod view and the heartbeat used
 to be module-level singletons that ``main`` patched before ``kopf.run``, so two runs in
 one process (tests, an embedding program) shared one view, and a handler's inputs were
-invisible in its signature. An :class:`Operator` owns all per-run state; ``run`` hands it
-to kopf in ``memo`` (kopf gives every handler a shallow copy of that memo, so each sees
-this same object) together with a kopf registry built for this run alone.
+invisible in its signature. An :class:`Operator` owns all per-run state and knows nothing
+of kopf: the adapter (``joblease.controller.handlers.run``) hands it to kopf in ``memo``
+(kopf gives every handler a shallow copy of that memo, so each sees this same object)
+together with a kopf registry built for this run alone.
 
 What stays process-wide is what is process-wide by nature: the Prometheus metrics
 (one ``/metrics`` endpoint per process). The overdue gauges follow the run started last,
@@ -21,8 +22,6 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-import kopf
-
 from joblease.controller import metrics
 from joblease.controller.events import EventPoster
 from joblease.controller.heartbeat import Heartbeat
@@ -35,7 +34,6 @@ from joblease.kube.leases import LeaseStore
 from joblease.kube.pods import PodInfo, PodStore
 
 log = logging.getLogger("joblease.operator")
-MEMO_KEY = "operator"
 
 
 class Operator:
@@ -59,14 +57,6 @@ class Operator:
         self.delegator: Delegator | None = None
         self._api_factory = api_factory or _api_from_settings
         self._tasks: list[asyncio.Task[None]] = []
-
-    def run(self) -> None:
-        """Run under kopf until interrupted (standalone: no peering, no leader election)."""
-        from joblease.controller import handlers
-        kopf.run(registry=handlers.build_registry(), settings=kopf_settings(),
-                 memo=kopf.Memo({MEMO_KEY: self}), standalone=True,
-                 clusterwide=self.settings.clusterwide, namespaces=self.settings.namespaces,
-                 liveness_endpoint=self.settings.liveness_endpoint)
 
     async def start(self) -> None:
         """Connect, calibrate the server clock, start the reconcile and delegation loops."""
@@ -137,15 +127,6 @@ class Operator:
             self.pods.drop(pod)
         else:
             self.pods.put(pod)
-
-
-def kopf_settings() -> kopf.OperatorSettings:
-    """A kopf configuration that writes nothing of its own: no Events from logs, no peering."""
-    settings = kopf.OperatorSettings()
-    settings.posting.enabled = False
-    settings.peering.standalone = True
-    settings.watching.server_timeout = 300
-    return settings
 
 
 def _api_from_settings(settings: OperatorSettings) -> KubeApi:

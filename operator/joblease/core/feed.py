@@ -161,7 +161,7 @@ class Feed:
 
     def _deliver(self, kind: str, obj: dict[str, Any], sink: FeedSink) -> None:
         metadata = obj.get("metadata") if isinstance(obj, dict) else None
-        version = str((metadata or {}).get("resourceVersion") or "")
+        version = str(metadata.get("resourceVersion") or "") if isinstance(metadata, dict) else ""
         self.counts.events += 1
         if kind == "BOOKMARK":
             sink.bookmark(version)
@@ -176,9 +176,10 @@ class Feed:
         """``obj`` as a JobLease, or ``None`` (counted, logged) if it cannot be read as one."""
         try:
             return Observed.from_object(obj)
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
+        except Exception as err:  # any shape the API server may hand over: skip, never stop
             self.counts.unreadable += 1
-            name = obj.get("metadata", {}).get("name") if isinstance(obj, dict) else None
+            meta = obj.get("metadata") if isinstance(obj, dict) else None
+            name = meta.get("name") if isinstance(meta, dict) else None
             log.warning("JobLease feed %s/%s: skipping an unreadable JobLease %r (%s: %s)",
                         self.namespace, self.label_selector, name, type(err).__name__, err)
             return None

@@ -16,7 +16,10 @@ a task):
 2. list the pool's records (one label selector) and hand ``{holder: renewTime +
    leaseDurationSeconds}`` to the sink: the view notes each, and forgets the holders that
    left the list (deleted on a clean exit, or gone);
-3. sleep :data:`RENEW_SECONDS` (with jitter, so that workers started together spread).
+3. sleep :data:`RENEW_SECONDS` (with jitter, so that workers started together spread) —
+   the first rounds after 0.5, 1 and 2 s (:data:`WARM_UP`): workers started together list
+   before the others announced, and a worker that believes itself alone takes the first
+   candidate, as its peers do.
 
 A refusal (403: no RBAC on coordination Leases; 404 on the list: no such API) turns
 presence off for this pool with one warning: the view then knows only the holders it
@@ -42,6 +45,7 @@ from joblease.kube.transact import ServerTime
 
 PRESENCE_SECONDS = 15  # a record lapses this long after its last renewal
 RENEW_SECONDS = 5.0  # how often a worker renews its record and re-reads the others'
+WARM_UP = (0.5, 1.0, 2.0)  # the first rounds come sooner: workers started together meet
 POOL_LABEL = "joblease.dev/pool"
 PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
@@ -109,6 +113,7 @@ class Presence:
 
     def steps(self, sink: PresenceSink) -> Steps[None]:
         """Renew, list, sleep — until stopped or refused (steps 1-3 of the module doc)."""
+        rounds = 0
         while self.enabled:
             try:
                 yield from self._renew_steps()  # 1
@@ -120,7 +125,9 @@ class Presence:
                 self.counts.failures += 1
                 log.debug("presence of %r in pool %s: %s; again soon", self.holder,
                           self.pool, err)
-            yield Sleep(self.every * random.uniform(0.8, 1.2))  # 3
+            pause = WARM_UP[rounds] if rounds < len(WARM_UP) else self.every
+            rounds += 1
+            yield Sleep(pause * random.uniform(0.8, 1.2))  # 3
 
     def leave_steps(self) -> Steps[None]:
         """Delete this worker's record (a clean exit: the others re-rank at their next list)."""

@@ -36,9 +36,10 @@ from typing import Any, TypeVar
 from joblease.domain.errors import JobleaseError
 from joblease.domain.lease import Observed
 from joblease.kube.aioleases import AsyncLeaseStore
-from joblease.kube.api import DEFAULT_TIMEOUT, WatchStream
+from joblease.kube.api import DEFAULT_TIMEOUT
 from joblease.kube.leases import LeaseCall, LeaseStore
 from joblease.kube.transact import Read, ServerTime, Write, arun_steps, run_steps
+from joblease.kube.transport import EventStream
 
 T = TypeVar("T")
 EventHandler = Callable[[str, dict[str, Any]], None]
@@ -133,7 +134,7 @@ class SyncPort:
         self._claim = claim
         self._sleeper = sleep
         self.stop = stop
-        self._stream: WatchStream | None = None
+        self._stream: EventStream | None = None
         self._interrupted = False  # an interrupt that came while no watch was open
         self._lock = threading.Lock()
 

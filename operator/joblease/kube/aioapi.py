@@ -85,7 +85,7 @@ def load_connection(path: str | None = None, context: str | None = None) -> Conn
     ``KubeApi.from_kubeconfig``: both read them with ``kubernetes_configuration``.
 
     Raises:
-        kubernetes.config.ConfigException: neither a kubeconfig nor an in-cluster
+        ConfigError: neither a kubeconfig nor an in-cluster
             configuration exists (not wrapped, as for ``KubeApi``).
     """
     return connection_from(kubernetes_configuration(path, context))

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from joblease.domain.lease import LeaseStatus, Observed
-from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.api import DEFAULT_TIMEOUT, NotFoundError
 from joblease.kube.leases import LeaseCall, create_call, read_call, status_write_call
+from joblease.kube.transport import AsyncTransport
 
 T = TypeVar("T")
 
@@ -22,7 +22,7 @@ T = TypeVar("T")
 class AsyncLeaseStore:
     """JobLease objects through one ``AsyncKubeApi`` (one identity, one server-clock estimate)."""
 
-    def __init__(self, api: AsyncKubeApi) -> None:
+    def __init__(self, api: AsyncTransport) -> None:
         self.api = api
 
     async def call(self, call: LeaseCall[T], timeout: float = DEFAULT_TIMEOUT) -> T:

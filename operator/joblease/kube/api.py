@@ -1,20 +1,22 @@
-"""The only code that talks HTTP to the API server.
+"""``KubeApi``: the thread-safe transport (one of three, ``joblease.kube.transport``).
 
-One client library serves the worker SDK, the CLI and the operator's writes: the official
+It serves the worker SDK, ``joblease run``/``work`` and the operator's writes over the official
 ``kubernetes`` client, used at its lowest level (``ApiClient.param_serialize`` +
 ``call_api``) so that every request can carry exactly the headers we choose (merge-patch
 content type, ``resourceVersion`` preconditions) and every response's ``Date`` header is
 folded into the server-clock estimate. Its configuration loaders cover kubeconfig files,
 in-cluster ServiceAccount tokens and exec plugins, which a hand-rolled client would redo.
 
-Errors come back as typed exceptions (409 → ``ConflictError`` and so on), with the API
-server's own message, so callers never parse HTTP.
+Errors come back as typed exceptions (409 → ``ConflictError`` and so on,
+``joblease.kube.errors``), with the API server's own message, so callers never parse HTTP.
+The same class, over ``joblease.kube.lite``'s ``http.client`` backend, is the CLI's light
+transport; ``joblease.kube.aioapi.AsyncKubeApi`` is the asyncio one. Configuration loading
+is ``joblease.kube.config``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +25,16 @@ from urllib.parse import urlencode
 
 from joblease.domain.clock import ServerClock, ServerNow
 
+# The ``kubernetes`` package (and urllib3 under it) is imported where a client is built,
+# not here: it costs 0.3-0.4 s of CPU, and the CLI's one-shot verbs use the light transport
+# in ``joblease.kube.lite`` instead (issue 18, item 5).
+from joblease.kube.config import (
+    CLOCK_TRACK_TTL_ENV,
+    DEFAULT_TRACK_TTL,
+    clock_from_env,
+    kubernetes_configuration,
+)
+
 # What a request is and what its answer means (headers, typed errors, the Date header's
 # fold into the clock) is shared with the asyncio client; the names stay importable here.
 from joblease.kube.requests import (
@@ -30,6 +42,7 @@ from joblease.kube.requests import (
     MAX_SERVER_SKEW_ENV,
     MERGE_PATCH,
     ApiError,
+    ConfigError,
     ConflictError,
     ForbiddenError,
     GoneError,
@@ -46,73 +59,13 @@ from joblease.kube.requests import (
     watch_event,
 )
 
-# The ``kubernetes`` package (and urllib3 under it) is imported where a client is built,
-# not here: it costs 0.3-0.4 s of CPU, and the CLI's one-shot verbs use the light transport
-# in ``joblease.kube.lite`` instead (issue 18, item 5).
-
-CLOCK_TRACK_TTL_ENV = "JOBLEASE_CLOCK_TRACK_TTL"
-DEFAULT_TRACK_TTL = 60.0
-
 __all__ = [
     "CLOCK_TRACK_TTL_ENV", "DEFAULT_TIMEOUT", "DEFAULT_TRACK_TTL", "MAX_SERVER_SKEW_ENV",
-    "MERGE_PATCH", "ApiError", "ConflictError", "ForbiddenError", "GoneError", "InvalidError",
+    "MERGE_PATCH", "ApiError", "ConfigError", "ConflictError", "ForbiddenError", "GoneError",
+    "InvalidError",
     "KubeApi", "NotFoundError", "Response", "UnavailableError", "clock_from_env",
+    "kubernetes_configuration",
 ]
-
-
-def clock_from_env(environ: dict[str, str] | None = None) -> ServerClock:
-    """Build the server-clock estimate from the environment (``docs/ha.md``).
-
-    ``JOBLEASE_MAX_SERVER_SKEW`` (seconds, default 0): the assumed maximum difference between
-    any two API servers' clocks; it is added to every error bound, hence to every margin.
-    ``JOBLEASE_CLOCK_TRACK_TTL`` (seconds, default 60): how long a clock that disagreed
-    with the others keeps widening the estimate after it was last seen. Why a default
-    above zero: after an unexplained disagreement the safe reading is "either may be
-    right" for a while, not "the last response is right".
-
-    Raises:
-        ValueError: a value is not a number >= 0 (a typo must not silently mean 0).
-    """
-    env = os.environ if environ is None else environ
-
-    def seconds(name: str, default: float) -> float:
-        raw = env.get(name, "").strip()
-        try:
-            value = float(raw) if raw else default
-        except ValueError:
-            raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
-        if value < 0:
-            raise ValueError(f"{name}={raw!r} must be >= 0")
-        return value
-
-    return ServerClock(max_skew=seconds(MAX_SERVER_SKEW_ENV, 0.0),
-                       track_ttl=seconds(CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL))
-
-
-def kubernetes_configuration(path: str | None = None, context: str | None = None) -> Any:
-    """A ``kubernetes.client.Configuration`` from a kubeconfig, else the pod's ServiceAccount.
-
-    ``path`` (default ``$KUBECONFIG``, then ``~/.kube/config``) and ``context``; only when no
-    path was given and no kubeconfig exists, the in-cluster configuration. The one place
-    both clients (``KubeApi`` and ``joblease.kube.aioapi``) read their credentials from.
-    Blocking (files, and an exec plugin if the kubeconfig names one).
-
-    Raises:
-        kubernetes.config.ConfigException: neither a kubeconfig nor an in-cluster
-            configuration exists, or the named one is unusable.
-    """
-    from kubernetes import client as k8s_client
-    from kubernetes import config as k8s_config
-
-    configuration = k8s_client.Configuration()
-    try:
-        k8s_config.load_kube_config(config_file=path, context=context,
-                                    client_configuration=configuration)
-    except k8s_config.ConfigException:
-        if path is not None:
-            raise
-        k8s_config.load_incluster_config(client_configuration=configuration)
-    return configuration
 
 
 class KubeApi:

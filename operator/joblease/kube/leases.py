@@ -18,7 +18,8 @@ from typing import Any, Generic, TypeVar
 
 from joblease.domain.errors import LeaseNotFoundError, format_time
 from joblease.domain.lease import LeaseStatus, Observed
-from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, KubeApi, NotFoundError
+from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, NotFoundError
+from joblease.kube.transport import Transport
 
 GROUP = "joblease.dev"
 VERSION = "v1alpha1"
@@ -131,9 +132,9 @@ def _page(body: dict[str, Any]) -> Page:
 
 
 class LeaseStore:
-    """JobLease objects through one ``KubeApi`` (one identity, one server-clock estimate)."""
+    """JobLease objects through one transport (``KubeApi``: one identity, one clock estimate)."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: Transport) -> None:
         self.api = api
 
     def get(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT) -> Observed:
@@ -181,6 +182,24 @@ class LeaseStore:
             token = page.next_token
             if not token:
                 return items
+
+    def count(self, namespace: str | None, label_selector: str | None = None,
+              field_selector: str | None = None, page_size: int = 500,
+              timeout: float = DEFAULT_TIMEOUT) -> int:
+        """How many JobLeases match both selectors (paged; only the matches travel).
+
+        ``joblease work --until-empty`` counts the Failed jobs of its selector this way
+        (``status.phase=Failed``, a selectable field): a full list of a 10,000-job batch
+        took 31.7 s at its exit (issue 22).
+        """
+        total, token = 0, ""
+        while True:
+            page = self.call(list_call(namespace, label_selector, page_size, token,
+                                       field_selector), timeout)
+            total += len(page.items)
+            token = page.next_token
+            if not token:
+                return total
 
     def events_for(self, observed: Observed, timeout: float = DEFAULT_TIMEOUT
                    ) -> builtins.list[dict[str, Any]]:

@@ -22,7 +22,23 @@ from typing import Any
 from urllib.parse import urlencode
 
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.errors import JobleaseError
+from joblease.kube.errors import (
+    BY_STATUS,
+    ApiError,
+    ConfigError,
+    ConflictError,
+    ForbiddenError,
+    GoneError,
+    InvalidError,
+    NotFoundError,
+    UnavailableError,
+)
+
+__all__ = ["DEFAULT_TIMEOUT", "JSON", "MAX_SERVER_SKEW_ENV", "MERGE_PATCH", "ApiError",
+           "ApiRequest", "ConfigError", "ConflictError", "ForbiddenError", "GoneError",
+           "InvalidError", "NotFoundError", "Response", "UnavailableError", "build_request",
+           "calibration_pause", "decode_body", "error_for", "fold_date", "server_time",
+           "watch_event"]
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
@@ -30,47 +46,6 @@ DEFAULT_TIMEOUT = 10.0
 MAX_SERVER_SKEW_ENV = "JOBLEASE_MAX_SERVER_SKEW"
 
 log = logging.getLogger("joblease.kube.api")
-
-
-class ApiError(JobleaseError):
-    """A request the API server answered with an error status (or that did not arrive).
-
-    A ``JobleaseError``, so one ``except`` covers protocol refusals and API failures alike.
-    """
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(f"{status} {reason}: {message}" if status else message)
-        self.status, self.reason, self.message = status, reason, message
-
-
-class ConflictError(ApiError):
-    """409: the object changed since it was read. Re-read and decide again; never retry blindly."""
-
-
-class NotFoundError(ApiError):
-    """404: no such object."""
-
-
-class GoneError(ApiError):
-    """410: the ``resourceVersion`` a list or watch resumed from is too old; list again."""
-
-
-class InvalidError(ApiError):
-    """422 (or 400): the API server's schema, CEL rules or admission refused the write."""
-
-
-class ForbiddenError(ApiError):
-    """403: RBAC or an admission policy refused the request."""
-
-
-class UnavailableError(ApiError):
-    """The request did not get an answer (connection refused, timeout, 5xx)."""
-
-
-_BY_STATUS: dict[int, type[ApiError]] = {
-    409: ConflictError, 404: NotFoundError, 410: GoneError, 422: InvalidError,
-    400: InvalidError, 403: ForbiddenError,
-}
 
 
 @dataclass(frozen=True)
@@ -155,7 +130,7 @@ def error_for(status: int, reason: str, body: dict[str, Any], method: str, path:
     message = str(body.get("message") or f"{method} {path}")
     if status >= 500 or status == 429:
         return UnavailableError(status, reason, message)
-    return _BY_STATUS.get(status, ApiError)(status, reason, message)
+    return BY_STATUS.get(status, ApiError)(status, reason, message)
 
 
 def watch_event(line: bytes, path: str) -> tuple[str, dict[str, Any]]:

@@ -24,6 +24,7 @@ from joblease.kube.api import KubeApi
 from joblease.kube.identity import default_holder, new_claim_id
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import MAX_CONFLICTS, Outcome
+from joblease.kube.transport import Transport
 from joblease.sdk.pool import Pool
 
 
@@ -63,13 +64,13 @@ class LeaseClient(ClientCore["Lease"]):
             claimer's side.
     """
 
-    def __init__(self, namespace: str = "default", *, api: KubeApi | None = None,
+    def __init__(self, namespace: str = "default", *, api: Transport | None = None,
                  kubeconfig: str | None = None, context: str | None = None,
                  margin: timedelta = DEFAULT_MARGIN, calibrate: bool = True,
                  max_server_skew: timedelta | None = None) -> None:
         self.namespace = namespace
         self._owns_api = api is None
-        self.api = api or KubeApi.from_kubeconfig(kubeconfig, context)
+        self.api: Transport = api or KubeApi.from_kubeconfig(kubeconfig, context)
         if max_server_skew is not None:
             self.api.clock.max_skew = max_server_skew.total_seconds()
         self.store = LeaseStore(self.api)
@@ -147,7 +148,7 @@ class LeaseClient(ClientCore["Lease"]):
         self.close()
 
     @property
-    def _clocks(self) -> KubeApi:
+    def _clocks(self) -> Transport:
         """The transport's clocks (local monotonic and the server-clock estimate)."""
         return self.api
 

@@ -41,8 +41,9 @@ from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake
-from joblease.kube.api import ApiError, KubeApi, UnavailableError
+from joblease.kube.api import ApiError, UnavailableError
 from joblease.kube.leases import LeaseStore
+from joblease.kube.transport import Transport
 
 L = TypeVar("L", bound=PooledLease)
 L_co = TypeVar("L_co", bound=PooledLease, covariant=True)
@@ -53,7 +54,7 @@ class PoolClient(Protocol[L_co]):
 
     namespace: str
     store: LeaseStore
-    api: KubeApi
+    api: Transport
 
     def calibrate_if_due(self) -> None:
         """Calibrate once, before the first choice."""

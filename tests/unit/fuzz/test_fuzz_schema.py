@@ -38,6 +38,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from joblease import cli
+from joblease.cli import verbs
+from joblease.cli.exits import EXIT_OK
 from joblease.controller.reconciler import LeaseView, Reconciler
 from joblease.domain.errors import format_time
 from joblease.domain.lease import LeaseStatus, Observed, Phase, parse_time
@@ -147,7 +149,7 @@ def test_status_round_trips_through_to_dict(obj: dict[str, Any]) -> None:
 def _run_cli_get(api: FakeKubeApi, namespace: str, name: str, output: str) -> tuple[int, str]:
     client = LeaseClient(namespace, api=api, calibrate=False)  # type: ignore[arg-type]
     out = io.StringIO()
-    with mock.patch.object(cli, "_client", return_value=client), \
+    with mock.patch.object(verbs, "_client", return_value=client), \
             contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
         code = cli.main(["get", name, "-n", namespace, "-o", output])
     return code, out.getvalue()
@@ -161,7 +163,7 @@ def test_cli_get_prints_every_stored_object(obj: dict[str, Any], output: str) ->
     stored = api.put_object(obj, keep_revision=True)
     meta = stored["metadata"]
     code, printed = _run_cli_get(api, meta["namespace"], meta["name"], output)
-    assert code == cli.EXIT_OK
+    assert code == EXIT_OK
     generation = (obj.get("status") or {}).get("generation", 0)
     if output == "json":
         data = json.loads(printed)
