@@ -389,7 +389,8 @@ def _floor_real(cluster: Any, kubeconfig: str, namespace: str, names: list[str],
         events = _watch_events(cluster) - events
         conflicts = _status_writes(apiserver_requests(cluster), requests, "409")
         watcher.go()
-        seen = watcher.results(30)[0]["count"]
+        watched = watcher.results(30)[0]
+        seen = int(watched["count"])
     figures = _gang_figures(results)
     jobs = figures["count"] // 2
     progress(f"pool: floor with the pool's bodies, {jobs} jobs (claim + completion) from "
@@ -400,6 +401,10 @@ def _floor_real(cluster: Any, kubeconfig: str, namespace: str, names: list[str],
             "jobs_per_s": jobs / figures["seconds"],
             "writes_per_s": figures["count"] / figures["seconds"],
             "events_per_job": events / jobs, "watcher_events": seen, "conflicts": conflicts,
+            # the client's own CPU for a job's two writes (no choosing, no command)
+            "cpu_s_per_job": sum(float(r.get("cpu_s", math.nan)) for r in results) / jobs,
+            # the watcher's CPU per event it read and decoded (JSON, no view)
+            "watcher_cpu_s_per_event": float(watched.get("cpu_s", math.nan)) / max(1, seen),
             # events to watchers other than ours (kube-controller-manager's garbage
             # collector watches every resource): the same in every phase, per job
             "others_per_job": (events - seen) / jobs}

@@ -8,7 +8,8 @@
 Each process sets up (imports, connection, first request) and prints ``READY``, then
 waits for one line on stdin, so that the W processes start their timed work together and
 no interpreter start-up is timed. It prints one JSON line when done: ``start`` and ``end``
-(``time.time()``: every process runs on this machine, one clock) and its ``count``.
+(``time.time()``: every process runs on this machine, one clock), its ``count`` and the
+CPU it used meanwhile (``cpu_s``, all its threads).
 
 * ``floor``: ``writes`` bare conditional status writes (``bench.common.floor_write``) on
   its own JobLease from its cached version: no reads, no conflicts.
@@ -56,9 +57,10 @@ def _timed_after_go(work: Callable[[], int]) -> None:
     _say("READY")
     if not sys.stdin.readline():
         return  # the bench went away before the start: nothing to do
-    start = time.time()
+    start, cpu = time.time(), time.process_time()
     count = work()
-    _say(json.dumps({"start": start, "end": time.time(), "count": count}))
+    _say(json.dumps({"start": start, "end": time.time(), "count": count,
+                     "cpu_s": time.process_time() - cpu}))
 
 
 def floor(args: argparse.Namespace) -> None:
@@ -134,9 +136,11 @@ def watch(args: argparse.Namespace) -> None:
             seen[0] += 1
 
     threading.Thread(target=count, daemon=True).start()
+    cpu = time.process_time()
     _say("READY")
     sys.stdin.readline()
-    _say(json.dumps({"count": seen[0]}))
+    # the CPU of reading and decoding the events (the set-up before READY excluded)
+    _say(json.dumps({"count": seen[0], "cpu_s": time.process_time() - cpu}))
     stream.close()
     api.close()
 

@@ -172,7 +172,9 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
          "watcher open",
          f"{real:.1f} jobs/s ({rb['jobs'] + ra['jobs']} jobs; before {rb['jobs_per_s']:.1f},"
          f" after {ra['jobs_per_s']:.1f})",
-         f"bare floor {floor / 2:.1f} jobs/s ({floor:.1f} writes/s)",
+         f"bare floor {floor / 2:.1f} jobs/s ({floor:.1f} writes/s)"
+         + (f"; the client's CPU per job {rb['cpu_s_per_job'] * 1000:.1f} ms"
+            if not math.isnan(rb.get("cpu_s_per_job", math.nan)) else ""),
          f"{real / (floor / 2):.2f} of the bare floor", "info", "n/a"),
         (f"pool: drain {jobs} jobs with {workers} `joblease work` processes (command `true`)",
          f"{_rate(d['jobs_per_s'])} jobs/s (wall {d['wall_seconds']:.1f} s: "
@@ -197,7 +199,9 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
          f"{lat['events_per_job']:.1f} ({lat.get('workers', workers)} watchers)",
          f"floor with the pool's bodies, one watcher: {rb['events_per_job']:.2f} / "
          f"{ra['events_per_job']:.2f}, of which to other watchers (kube-controller-manager) "
-         f"{rb.get('others_per_job', math.nan):.2f}", "", "info", "n/a"),
+         f"{rb.get('others_per_job', math.nan):.2f}; decoding one event costs the watcher "
+         f"{rb.get('watcher_cpu_s_per_event', math.nan) * 1000:.2f} ms of CPU", "", "info",
+         "n/a"),
         ("pool: drain, jobs per worker, max / min", f"{per['max']} / {per['min']}",
          f"{per['workers_used']} of {workers} workers completed jobs", f"{per['spread']:.2f}",
          f"≤ {t['spread']}", _ok(met["spread"])),
