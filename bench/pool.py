@@ -573,7 +573,11 @@ def _claim_latency(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, 
         time.sleep(1.0)  # settled: every worker's first list, calibration and presence done
         before, events = apiserver_requests(cluster), _watch_events(cluster)
         names = [f"paced-{i:04d}" for i in range(jobs)]
-        arrived = _paced_create(api, namespace, names, rate)
+        # the 409s of the first and the second half apart: workers started together learn
+        # each other's presence within their first seconds (warm-up lists, then every 5 s)
+        middle: list[dict[tuple[str, str, str, str], float]] = []
+        arrived = _paced_create(api, namespace, names, rate,
+                                at_half=lambda: middle.append(apiserver_requests(cluster)))
         started = _wait_marks(marks, names, timeout=30 + 2 * jobs / rate)
         time.sleep(0.5)  # the completions' events
         after, events = apiserver_requests(cluster), _watch_events(cluster) - events
@@ -590,6 +594,8 @@ def _claim_latency(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, 
         "jobs": jobs, "rate": rate, "workers": workers, "created": summary(samples),
         "samples": samples, "claimed": summary(claimed), "claimed_samples": claimed,
         "wasted_per_job": _status_writes(after, before, "409") / jobs,
+        "wasted_per_job_halves": [_status_writes(middle[0], before, "409") / (jobs // 2),
+                                  _status_writes(after, middle[0], "409") / (jobs - jobs // 2)],
         "status_writes_per_job": _status_writes(after, before, None) / jobs,
         "events_per_job": events / jobs,
         "after_expiry": expired, "exit_codes_after_sigterm": codes}
@@ -619,13 +625,17 @@ def _wait_for_watches(cluster: Any, wanted: float, pool: Processes, timeout: flo
         time.sleep(0.2)
 
 
-def _paced_create(api: KubeApi, namespace: str, names: list[str],
-                  rate: float) -> dict[str, float]:
-    """Create one job every 1/rate s on a fixed schedule; each response's arrival time."""
+def _paced_create(api: KubeApi, namespace: str, names: list[str], rate: float,
+                  at_half: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Create one job every 1/rate s on a fixed schedule; each response's arrival time.
+
+    ``at_half`` is called just before the first job of the second half is created."""
     store = LeaseStore(api)
     arrived: dict[str, float] = {}
     t0 = time.monotonic() + 0.1
     for i, name in enumerate(names):
+        if i == len(names) // 2:
+            at_half()
         time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
         store.create(namespace, name, JOB_SPEC, LATENCY_LABEL)
         arrived[name] = time.time()

@@ -224,7 +224,9 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
          f"p50 / p99 s", f"{_s3(claimed['p50'])} / {_s3(claimed['p99'])}",
          f"→ command started {_s3(created['p50'])} / {_s3(created['p99'])}", "",
          f"p99 ≤ {t['latency_p99']} s", _ok(met["latency_p99"])),
-        ("pool: trickle, wasted (409) writes per job", f"{lat['wasted_per_job']:.2f}",
+        ("pool: trickle, wasted (409) writes per job", f"{lat['wasted_per_job']:.2f}"
+         + (" (first half {:.2f}, second half {:.2f})".format(*lat["wasted_per_job_halves"])
+            if "wasted_per_job_halves" in lat else ""),
          f"{lat['status_writes_per_job']:.2f} status writes per job", "",
          f"≤ {t['trickle_wasted_per_job']}", _ok(met["trickle_wasted_per_job"])),
         (f"pool: order, one worker, {one['jobs']} jobs of random priorities created in "

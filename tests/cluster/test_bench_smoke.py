@@ -64,5 +64,15 @@ def test_bench_quick_pool_runs(tmp_path: Path) -> None:
     # an abandoned lease is taken only once leaseUntil + margin (0.25 s) has passed
     expired = latency["after_expiry"]["samples"]
     assert expired and min(expired) >= 0.2, expired
+    # the floor with the pool's bodies: every job's two writes, seen by its one watcher
+    for real in (pool["floor_real_before"], pool["floor_real_after"]):
+        assert real["conflicts"] == 0 and real["watcher_events"] == 2 * real["jobs"], real
+    assert pool["floor_real_jobs_per_s"] > 0 and 0 < pool["ratio_real"] < math.inf
+    assert drain["events_per_job"] > 0 and latency["events_per_job"] > 0
+    assert latency["claimed"]["n"] == latency["jobs"]
+    # the order runs drained every job, by one worker and by all of them
+    for order in pool["order"].values():
+        assert order["exit_codes"] == [0] * order["workers"] and order["late"]["n"] == order["jobs"]
     assert pool["postgres"].get("jobs_per_s", 0) > 0, pool["postgres"]
     assert "| pool: drain" in proc.stdout and "`FOR UPDATE SKIP LOCKED`" in proc.stdout
+    assert "| pool: order, one worker" in proc.stdout
