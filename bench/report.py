@@ -210,7 +210,8 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
          f"{_ms(d['cycle']['held_s']['p50'])} / {_ms(d['cycle']['between_s']['p50'])}",
          f"p99 {_ms(d['cycle']['held_s']['p99'])} / {_ms(d['cycle']['between_s']['p99'])}",
          "", "info", "n/a"),
-        ("pool: drain, workers' CPU per job (commands, sentinels, start-up included), ms",
+        ("pool: drain, workers' CPU per job (commands, their sentinels or supervisor, "
+         "start-up included), ms",
          f"{d['worker_cpu_s_per_job'] * 1000:.1f}"
          + (f" ({d['worker_cpu_s_per_job_net'] * 1000:.1f} without the {workers} workers' "
             f"start-up, {spawn['worker']['cpu_s'] * 1000:.0f} ms each)"
