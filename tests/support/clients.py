@@ -124,7 +124,7 @@ def fake_sleep(monkeypatch: pytest.MonkeyPatch, on_sleep: Callable[[float], None
         sleep(seconds)
 
     monkeypatch.setattr("joblease.core.steps.time.sleep", sleep)
-    monkeypatch.setattr("joblease.core.steps.asyncio.sleep", asleep)
+    monkeypatch.setattr("joblease.core.asteps.asyncio.sleep", asleep)
     return slept
 
 

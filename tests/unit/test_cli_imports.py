@@ -47,3 +47,12 @@ def test_operator_verb_is_handed_to_the_controller_parser() -> None:
                          capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert "--metrics-port" in out.stdout
+
+
+def test_the_blocking_client_loads_no_asyncio() -> None:
+    """The one-shot verbs' path (the sync client and its protocol core) stays off asyncio:
+    the core's asyncio driver lives in ``joblease.core.asteps`` (the cluster test
+    ``test_light_and_full_transports_agree…`` caught ``core/steps.py`` importing it)."""
+    loaded = _loaded_after("import joblease.sdk.client, joblease.sdk.pool, joblease.cli")
+    assert not [m for m in loaded if m == "asyncio" or m.startswith("asyncio.")]
+    assert "joblease.core.asteps" not in loaded

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from joblease.core.asteps import AsyncPort, adrive
 from joblease.core.feed import UNFINISHED, Feed, LeaseFeed
-from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.lease import Observed
 from joblease.domain.pool import PoolView
 from joblease.kube.aioleases import AsyncLeaseStore

@@ -16,8 +16,8 @@ from types import TracebackType
 
 from joblease.aio.hold import AsyncLeaseHolding
 from joblease.aio.pool import AsyncPool
+from joblease.core.asteps import AsyncPort, adrive
 from joblease.core.ops import ClientCore, LeaseCore
-from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.clock import ServerNow
 from joblease.domain.holder import DEFAULT_MARGIN, RENEW_FRACTION
 from joblease.domain.lease import Observed

@@ -29,10 +29,10 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Generic, Protocol, TypeVar
 
+from joblease.core.asteps import AsyncPort, adrive
 from joblease.core.claiming import PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, Feed
 from joblease.core.presence import Presence
-from joblease.core.steps import AsyncPort, adrive
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView, seconds_until_wake

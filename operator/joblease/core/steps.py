@@ -20,13 +20,14 @@ step                      what the driver does                                 a
 ========================  ===================================================  =========
 
 :func:`drive` performs them with a thread-safe ``LeaseStore`` (``joblease.sdk``),
-:func:`adrive` with an ``AsyncLeaseStore`` (``joblease.aio``). A driver decides nothing:
-the two clients differ only in how a request travels and how a wait is done.
+``joblease.core.asteps.adrive`` with an ``AsyncLeaseStore`` (``joblease.aio``; a module
+of its own, so that the blocking path — the CLI's one-shot verbs — never imports asyncio).
+A driver decides nothing: the two clients differ only in how a request travels and how a
+wait is done.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from collections.abc import Callable, Generator
@@ -35,10 +36,9 @@ from typing import Any, TypeVar
 
 from joblease.domain.errors import JobleaseError
 from joblease.domain.lease import Observed
-from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.api import DEFAULT_TIMEOUT
 from joblease.kube.leases import LeaseCall, LeaseStore
-from joblease.kube.transact import Read, ServerTime, Write, arun_steps, run_steps
+from joblease.kube.transact import Read, ServerTime, Write, run_steps
 from joblease.kube.transport import EventStream
 
 T = TypeVar("T")
@@ -155,7 +155,7 @@ class SyncPort:
         if isinstance(step, Calibrate):
             return self._calibrate()
         if isinstance(step, ClaimBy):
-            return _claim_by(self._claim, step)
+            return claim_by(self._claim, step)
         return self.api.whoami()
 
     def interrupt(self) -> None:
@@ -193,43 +193,8 @@ class SyncPort:
             raise Stopped()
 
 
-class AsyncPort:
-    """Performs steps with an ``AsyncLeaseStore`` (the asyncio client's I/O).
-
-    A stop is a task cancellation: ``CancelledError`` passes through the driver.
-    """
-
-    def __init__(self, store: AsyncLeaseStore, calibrate: Callable[[], Any] | None = None,
-                 claim: Callable[..., Any] | None = None) -> None:
-        self.store = store
-        self.api = store.api
-        self._calibrate = calibrate
-        self._claim = claim
-
-    async def perform(self, step: Step) -> Any:
-        """Perform one step and return its answer (its exception propagates)."""
-        if isinstance(step, Read):
-            return await self.store.get(step.namespace, step.name, step.timeout)
-        if isinstance(step, Write):
-            return await self.store.write_status(step.observed, step.status, step.timeout)
-        if isinstance(step, ServerTime):
-            return await self.api.server_now()
-        if isinstance(step, Call):
-            return await self.store.call(step.call, step.timeout)
-        if isinstance(step, Watch):
-            return await self.api.watch(step.path, {**step.query, "watch": "true"},
-                                        step.on_event,
-                                        idle_timeout=step.seconds + WATCH_IDLE_SLACK)
-        if isinstance(step, Sleep):
-            return await asyncio.sleep(max(0.0, step.seconds))
-        if isinstance(step, Calibrate):
-            return None if self._calibrate is None else await self._calibrate()
-        if isinstance(step, ClaimBy):
-            return await _claim_by(self._claim, step)
-        return await self.api.whoami()
-
-
-def _claim_by(claim: Callable[..., Any] | None, step: ClaimBy) -> Any:
+def claim_by(claim: Callable[..., Any] | None, step: ClaimBy) -> Any:
+    """Perform ``ClaimBy`` with a client's ``claim()`` (both ports; awaited by the async one)."""
     if claim is None:
         raise TypeError("this port was built without a client's claim() to perform ClaimBy")
     return claim(step.name, step.holder, observed=step.observed, claim_id=step.claim_id,
@@ -239,11 +204,3 @@ def _claim_by(claim: Callable[..., Any] | None, step: ClaimBy) -> Any:
 def drive(steps: Steps[T], port: SyncPort) -> T:
     """Run an operation to its end, performing each step with ``port`` (blocking)."""
     return run_steps(steps, port.perform)
-
-
-async def adrive(steps: Steps[T], port: AsyncPort) -> T:
-    """Run an operation to its end, awaiting each step with ``port``.
-
-    A cancellation is not thrown into the operation: it ends the driver at once.
-    """
-    return await arun_steps(steps, port.perform)
