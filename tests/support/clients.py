@@ -55,6 +55,17 @@ def _wrap(value: Any) -> Any:
     return value
 
 
+def _blocking_attribute(real: Any, name: str) -> Any:
+    """``real``'s attribute; a method comes back blocking, its leases wrapped."""
+    value = getattr(real, name)
+    if not callable(value):
+        return value
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        return _wrap(_blocking(value(*args, **kwargs)))
+    return call
+
+
 class LeaseView:
     """A lease of either client; its operations block; its attributes are the lease's."""
 
@@ -65,13 +76,7 @@ class LeaseView:
         return repr(self.real)
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self.real, name)
-        if not callable(value):
-            return value
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return _wrap(_blocking(value(*args, **kwargs)))
-        return call
+        return _blocking_attribute(self.real, name)
 
 
 class Client:
@@ -87,13 +92,7 @@ class Client:
                                            **options))
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self.real, name)
-        if not callable(value):
-            return value
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return _wrap(_blocking(value(*args, **kwargs)))
-        return call
+        return _blocking_attribute(self.real, name)
 
     def close(self) -> None:
         _blocking(self.real.close())

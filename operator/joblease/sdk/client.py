@@ -297,19 +297,10 @@ class Lease(LeaseCore):
     ``joblease.core.ops.LeaseCore``'s, shared with ``joblease.aio.AsyncLease``; this class
     only performs them, blocking.
 
-    Attributes:
-        name: The job id (the JobLease's name).
-        namespace: Its namespace.
-        uid: The uid of the JobLease object claimed (a re-created one is another lease).
-        holder: Who holds it.
-        token: The fencing token ``(epoch, generation)`` to present to every target.
-        claim_id: The random id of this claim (shown by ``joblease claim``).
-        lease_until: End of the lease on the API server's clock.
-        deadline: Local monotonic time after which this holder must stop (see module doc).
-        loss: Why the lease was lost: the ``LeaseLostError`` one of its own operations met
-            (or a :class:`~joblease.sdk.hold.Holding` over it declared), ``None`` while
-            none has. Once set it never clears (later operations still ask the server, so
-            their refusals name the current claim).
+    Attributes: as ``LeaseCore`` (``name``, ``namespace``, ``uid``, ``holder``, ``token``,
+    ``claim_id``, ``lease_until``, ``deadline``, ``loss``, ``observed``); a loss is also
+    what a :class:`~joblease.sdk.hold.Holding` over it declared, and once set it never
+    clears (later operations still ask the server, so their refusals name the current claim).
     """
 
     def __init__(self, client: LeaseClient, holder: str, claim_id: str | None,
