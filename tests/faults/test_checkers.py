@@ -119,6 +119,42 @@ def good_expired_failed() -> H:
     return h
 
 
+def good_expired_refused() -> H:
+    """A paused holder resumes after the operator marked its lease Expired; nobody claimed.
+
+    Its release (and a renewal) is refused as stale — the lease is not Held any more —
+    although holder and generation are still its own: the operator's expiry write has no
+    record of its own. CI seed 307198405 (docs/safety.md #23).
+    """
+    h = H()
+    h.claim("a", 0, 10, 1, until=10_000, hi=1_000)
+    h.write("a", 20, 30, 1)
+    h.held("a", "renew", 100, 110, 1, status="refused", lo=10_700, reason="stale")
+    h.held("a", "release", 120, 130, 1, status="refused", lo=10_800, reason="stale")
+    h.read(140, "Expired", 1, None, "a")
+    h.claim("b", 160, 170, 2, until=21_000, hi=11_000)
+    h.held("b", "complete", 180, 190, 2, lo=11_100)
+    h.read(200, "Completed", 2, (2, "b"), "b")
+    return h
+
+
+def good_unknown_first_claim() -> H:
+    """The first claim's answer never came (its worker was killed); it took effect.
+
+    The next claim is generation 2 and is the first to show the epoch. Porcupine's model
+    had kept epoch 0 from the unknown claim and called the epoch a mismatch (CI seeds
+    307198405 and 155378718; docs/safety.md #23).
+    """
+    h = H()
+    h.op("c", "claim", 0, None, "unknown")
+    h.claim("a", 10, 20, 2, until=10_000, hi=1_000)
+    h.claim("b", 30, 40, 3, until=21_000, hi=10_600)
+    h.write("b", 50, 60, 3)
+    h.held("b", "complete", 70, 80, 3, lo=11_000)
+    h.read(90, "Completed", 3, (3, "b"), "b")
+    return h
+
+
 def broken(kind: str) -> H:
     h = H()
     h.claim("a", 0, 10, 1, until=10_000, hi=1_000)
@@ -142,6 +178,12 @@ def broken(kind: str) -> H:
     elif kind == "reopened-failed":
         h.held("a", "release", 20, 30, 1, lo=2_000, phase="Failed")
         h.claim("b", 40, 50, 2, until=21_000, hi=10_600)
+    elif kind == "epoch-changed":
+        h.op("b", "claim", 20, 30, generation=2, epoch=E + 1, lease_until=21_000,
+             lo=10_595, hi=10_600)
+    elif kind == "stale-refused-early":
+        # the holder's renewal refused as stale while its window was certainly still open
+        h.held("a", "renew", 20, 30, 1, status="refused", lo=2_000, reason="stale")
     elif kind == "used-past-expiry":
         h.held("a", "renew", 20, 30, 1, lo=10_200, lease_until=20_000)  # started after 10 000
     return h
@@ -149,7 +191,10 @@ def broken(kind: str) -> H:
 
 BROKEN = ("overlap", "stale-accepted", "target-order", "token-order", "completion-lost",
           "reopened", "reopened-failed", "used-past-expiry")
-GOOD = [good_complete, good_takeover, good_unknown, good_failed, good_expired_failed]
+# what only Porcupine's exact state catches (our checker looks at acknowledged effects)
+BROKEN_EXACT = ("stale-refused-early", "epoch-changed")
+GOOD = [good_complete, good_takeover, good_unknown, good_failed, good_expired_failed,
+        good_expired_refused, good_unknown_first_claim]
 
 
 @pytest.mark.unit
@@ -196,7 +241,7 @@ def test_porcupine_accepts_good(make: Any, tmp_path: Path) -> None:
 
 
 @pytest.mark.faults
-@pytest.mark.parametrize("kind", BROKEN)
+@pytest.mark.parametrize("kind", BROKEN + BROKEN_EXACT)
 def test_porcupine_finds_each_violation(kind: str, tmp_path: Path) -> None:
     result = _porcupine(broken(kind), tmp_path, kind)
     assert result.violation, result.output

@@ -22,6 +22,10 @@
 // without a record of its own when an expired holder's attempt is counted (the operator's
 // expiry, or a claim that finds the attempts used up and is refused as "finished"): so a
 // held lease may turn Failed at a claim refused as finished or at a read, a free one never.
+//
+// Expired (the operator's unrecorded write once a window ended) is held in the model: it
+// keeps holder and generation and may be taken over, but the holder's own operations are
+// refused as stale from then on; such a refusal is legal once the window may have ended.
 package main
 
 import (
@@ -150,6 +154,14 @@ func current(s state, in input) bool {
 	return s.Phase == held && s.Holder == in.Holder && s.Gen == in.Gen
 }
 
+// mayHaveExpired: the operator may have marked the holder's lease Expired (holder and
+// generation stay, the phase is no longer Held) before the operation read it, because the
+// operation may have read it at or after the window's end on the server clock. That write
+// has no record of its own; the holder's renew/complete/release is then refused as stale.
+func mayHaveExpired(s state, in input) bool {
+	return s.Phase == held && (s.Until == 0 || math.IsNaN(in.ServerHi) || in.ServerHi >= s.Until)
+}
+
 // applied returns the state after a successful operation, and whether it was allowed.
 func applied(s state, in input, out output, known bool) (bool, state) {
 	switch in.Op {
@@ -159,7 +171,8 @@ func applied(s state, in input, out output, known bool) (bool, state) {
 		}
 		gen, epoch := s.Gen+1, s.Epoch
 		if known {
-			if out.Gen != gen || (s.Gen > 0 && out.Epoch != s.Epoch) {
+			// epoch 0: not known yet (no claim so far, or only claims whose answer was lost)
+			if out.Gen != gen || (s.Epoch != 0 && out.Epoch != s.Epoch) {
 				return false, s
 			}
 			epoch = out.Epoch
@@ -233,7 +246,7 @@ func refusedOK(s state, in input, out output) bool {
 	case in.Op == "claim" && out.Reason == "finished":
 		return s.Phase == completed || s.Phase == failed || s.Phase == held
 	case (in.Op == "renew" || in.Op == "complete" || in.Op == "release") && out.Reason == "stale":
-		return !current(s, in)
+		return !current(s, in) || mayHaveExpired(s, in)
 	case in.Op == "write" && out.Reason == "stale":
 		return s.HasTop && tokenLess(in.Epoch, in.Gen, s.TopE, s.TopG)
 	}
