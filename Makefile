@@ -9,7 +9,7 @@ export PYTHONUNBUFFERED := 1
 LC        := $(BIN)/joblease-localcluster
 LINTED    := operator localcluster tests e2e bench
 
-.PHONY: setup binaries control-plane demo test unit lint bench soak pool-chaos clean-cache help sync-crds sim mutate \
+.PHONY: setup binaries control-plane demo test unit lint bench bench-scale soak pool-chaos clean-cache help sync-crds sim mutate \
         os-packages-demo os-packages-test
 
 help:
@@ -67,6 +67,10 @@ pool-chaos: binaries ## work-pool chaos: 200 jobs, 8 killed/paused `joblease wor
 bench: control-plane ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
+
+bench-scale: control-plane ## the scale section at 100,000 JobLeases (SCALE_LEASES=…); about 40 minutes here
+	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
+	$(BIN)/python -m bench --only scale --leases $${SCALE_LEASES:-100000} --out bench/results/scale
 
 mutate: setup ## mutation testing (mutmut) of domain, kube/transact.py, sdk; MODULES="domain transact" to narrow
 	$(BIN)/pip install -q -c constraints.txt -e '.[mutate]'

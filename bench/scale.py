@@ -9,12 +9,22 @@
    process sent; the metric has no user label, so we subtract what we know we sent).
 3. Expiry: E leases (duration D) are claimed over a few seconds and abandoned. Expiry lag
    per lease = the ``Held=False`` condition's ``lastTransitionTime`` minus ``leaseUntil``.
-Resident memory (VmRSS and the peak VmHWM from /proc) is sampled throughout.
+4. TTL garbage collection: T more JobLeases with ``ttlSecondsAfterFinished: 1`` are
+   claimed and completed; how fast the operator deletes them, and its writes per deletion.
+5. A pool worker at scale: all but 10 % of the N JobLeases are finished (set-up: one
+   status write each, as an admin), then a ``joblease`` pool over the whole selector is
+   opened in a process of its own (``bench.pool_scale_worker``): list time, RSS, choice.
+Resident memory (VmRSS and the peak VmHWM from /proc) is sampled throughout; etcd's
+database size and kube-apiserver's RSS are read after the initialization and at the end.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -29,13 +39,50 @@ from bench.common import (
     progress,
     summary,
 )
-from joblease.domain.lease import parse_time
-from joblease.kube.api import KubeApi
-from joblease.kube.leases import LeaseStore
+from joblease.domain.lease import Completion, Observed, Phase, parse_time
+from joblease.kube.api import MERGE_PATCH, ApiError, KubeApi
+from joblease.kube.leases import LeaseStore, lease_path
 from joblease.sdk.client import Lease, LeaseClient
 
 RENEW_DURATION = 30
 PACED_RATE = 25.0  # claims/s in the paced expiry run: below the operator's write rate
+LABELS = {"bench": "scale"}
+SELECTOR = "bench=scale"
+TTL_LEASES = 500
+UNFINISHED_SHARE = 0.1  # the pool worker's selector keeps this share of the N unfinished
+
+
+def proc_rss_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MB (zeros if it is gone)."""
+    fields: dict[str, float] = {}
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0, 0.0
+    for line in status.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = float(rest.split()[0]) / 1024
+    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+
+
+def cluster_figures(cluster: Any) -> dict[str, float]:
+    """etcd's database size (MB, total and in use) and kube-apiserver's RSS (MB), now."""
+    out: dict[str, float] = {}
+    try:
+        with urllib.request.urlopen(f"{cluster.etcd_url}/metrics", timeout=10) as reply:
+            for line in reply.read().decode().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "etcd_mvcc_db_total_size_in_bytes":
+                    out["etcd_db_mb"] = float(value) / 2**20
+                elif name == "etcd_mvcc_db_total_size_in_use_in_bytes":
+                    out["etcd_db_in_use_mb"] = float(value) / 2**20
+    except OSError as err:
+        progress(f"scale: etcd metrics unreadable: {err}")
+    for proc in cluster.processes:
+        if proc.name == "kube-apiserver" and proc.pid:
+            out["apiserver_rss_mb"], out["apiserver_hwm_mb"] = proc_rss_mb(proc.pid)
+    return out
 
 
 class Operator(OperatorProcess):
@@ -56,14 +103,9 @@ class Operator(OperatorProcess):
 
     def rss_mb(self) -> tuple[float, float]:
         """(VmRSS, VmHWM) in MB."""
-        fields: dict[str, float] = {}
-        status = Path(f"/proc/{self.pid}/status").read_text()
-        for line in status.splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                fields[key] = float(rest.split()[0]) / 1024
-        self.peak_rss_mb = max(self.peak_rss_mb, fields.get("VmHWM", 0.0))
-        return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+        rss, hwm = proc_rss_mb(self.pid)
+        self.peak_rss_mb = max(self.peak_rss_mb, hwm)
+        return rss, hwm
 
     def writes(self, kind: str | None = None) -> float:
         values = self.metrics()
@@ -92,16 +134,20 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
                  for i, n in enumerate(names)}
     with ThreadPoolExecutor(8) as pool:
         for i, _ in enumerate(pool.map(
-                lambda n: store.create(namespace, n, {"leaseDurationSeconds": durations[n]}),
+                lambda n: store.create(namespace, n, {"leaseDurationSeconds": durations[n]},
+                                       LABELS),
                 names)):
-            if (i + 1) % max(1, leases // 5) == 0:
-                progress(f"scale: created {i + 1}/{leases} JobLeases")
+            if (i + 1) % max(1, leases // 10) == 0:
+                progress(f"scale: created {i + 1}/{leases} JobLeases "
+                         f"({time.monotonic() - t0:.0f}s)")
     out: dict[str, Any] = {"leases": leases, "create_seconds": time.monotonic() - t0}
+    out["create_rate"] = leases / out["create_seconds"]
     before_start = apiserver_requests(cluster)
     # watching only this namespace: the other sections' leftovers are not its business
     op = Operator(kubeconfig, log_dir / "operator-scale.log", namespace)
     try:
         out.update(_reconcile(op, leases, reconcile_timeout))
+        out["cluster_after_init"] = cluster_figures(cluster)
         after_init = apiserver_requests(cluster)
         initialized = out["initialized"]
         out["init_writes_per_lease"] = {
@@ -118,6 +164,9 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
         first += expire_leases
         out["expiry"] = _expiry(cluster, op, kubeconfig, namespace,
                                 names[first:first + expire_leases], duration, None)
+        out["ttl"] = _ttl(cluster, op, kubeconfig, namespace, TTL_LEASES)
+        out["pool_worker"] = _pool_at_scale(api, kubeconfig, namespace, leases)
+        out["cluster_end"] = cluster_figures(cluster)
         rss, hwm = op.rss_mb()
         out["rss_mb_end"], out["rss_mb_peak"] = rss, max(hwm, op.peak_rss_mb)
         values = op.metrics()
@@ -214,9 +263,10 @@ def _expiry(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: 
     after_api = apiserver_requests(cluster)
     wanted = set(names)
     lags: list[float] = []
-    for item in list_leases(client.api, namespace):
-        if item["metadata"]["name"] not in wanted:
-            continue
+    with ThreadPoolExecutor(8) as pool:  # only these: a list of all N would read 100,000
+        items = list(pool.map(
+            lambda n: client.api.request("GET", lease_path(namespace, n)).body, sorted(wanted)))
+    for item in items:
         status = item.get("status") or {}
         held = next((c for c in status.get("conditions", []) if c.get("type") == "Held"), None)
         if status.get("phase") == "Expired" and held and status.get("leaseUntil"):
@@ -236,3 +286,105 @@ def _expiry(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: 
             "claim_writes_apiserver": _jl_writes(claimed_api) - _jl_writes(before_api),
             "operator_writes_per_expiry": {"jobleases": op_jl / max(1, len(lags)),
                                            "events": op_events / max(1, len(lags) + ours)}}
+
+
+def _ttl(cluster: Any, op: Operator, kubeconfig: str, namespace: str, count: int
+         ) -> dict[str, Any]:
+    """Finish ``count`` JobLeases with a 1 s TTL; time their deletion by the operator."""
+    api = KubeApi.from_kubeconfig(kubeconfig)
+    store = LeaseStore(api)
+    names = [f"ttl-{i:05d}" for i in range(count)]
+    before_init = op.writes("initialized")
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: store.create(namespace, n, {"leaseDurationSeconds": 30,
+                                                            "ttlSecondsAfterFinished": 1}),
+                      names))
+    deadline = time.monotonic() + 300
+    while op.writes("initialized") - before_init < count and time.monotonic() < deadline:
+        time.sleep(0.2)
+    client = LeaseClient(namespace, kubeconfig=kubeconfig)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: client.claim(n, "ttl").complete(), names))
+    due = time.monotonic() + 1.0  # the last completion's TTL ends about now + 1 s
+    before_api, before_deleted = apiserver_requests(cluster), op.writes("deleted")
+    deadline = time.monotonic() + 300
+    deleted = 0.0
+    while time.monotonic() < deadline:
+        deleted = op.writes("deleted") - before_deleted
+        if deleted >= count:
+            break
+        time.sleep(0.1)
+    seconds = time.monotonic() - due
+    after_api = apiserver_requests(cluster)
+    deletes = count_writes(after_api, before_api, verbs=("DELETE",))
+    writes = count_writes(after_api, before_api, verbs=WRITE_VERBS)
+    client.api.close()
+    api.close()
+    progress(f"scale: TTL deleted {deleted:.0f}/{count} in {seconds:.1f}s after the last was "
+             f"due ({deleted / max(seconds, 1e-9):.0f}/s), {writes / max(1.0, deleted):.2f} "
+             "JobLease writes per deletion")
+    return {"leases": count, "deleted": deleted, "seconds_after_due": seconds,
+            "rate": deleted / max(seconds, 1e-9), "deletes": deletes,
+            "writes_per_deletion": writes / max(1.0, deleted)}
+
+
+def count_writes(after: dict[tuple[str, str, str, str], float],
+                 before: dict[tuple[str, str, str, str], float],
+                 verbs: Any) -> float:
+    """JobLease requests of ``verbs`` between two samples of kube-apiserver's counter."""
+    return (count(after, verbs=verbs, resource="jobleases")
+            - count(before, verbs=verbs, resource="jobleases"))
+
+
+def _pool_at_scale(api: KubeApi, kubeconfig: str, namespace: str, leases: int
+                   ) -> dict[str, Any]:
+    """Finish all but a tenth of the N, then open a pool worker over all of them."""
+    t0 = time.monotonic()
+    items = list_leases(api, namespace)
+    listed = time.monotonic() - t0
+    scale = [i for i in items if i["metadata"].get("labels", {}).get("bench") == "scale"]
+    del items
+    open_ = [i for i in scale
+             if (i.get("status") or {}).get("phase") not in ("Completed", "Failed")]
+    keep = int(leases * UNFINISHED_SHARE)
+    finish = open_[keep:] if len(scale) - len(open_) < leases - keep else []
+    progress(f"scale: a full list of {len(scale)} took {listed:.1f}s; finishing {len(finish)} "
+             "(set-up, one status write each)")
+    t1 = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda item: _finish(api, namespace, item), finish))
+    progress(f"scale: finished {len(finish)} in {time.monotonic() - t1:.0f}s")
+    del scale, open_, finish
+    out = subprocess.run([sys.executable, "-m", "bench.pool_scale_worker", kubeconfig,
+                          namespace, SELECTOR], capture_output=True, text=True, timeout=900,
+                         check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"the pool worker failed: {out.stderr[-2000:]}")
+    figures: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    figures["selector_size"] = leases
+    figures["full_list_seconds"] = listed
+    progress(f"scale: pool worker over {leases} ({figures['cached']} unfinished): listed in "
+             f"{figures['list_seconds']:.1f}s, RSS {figures['rss_mb_after']:.0f} MB "
+             f"({figures['kb_per_cached']:.2f} KB per cached job), choice "
+             f"{figures['choose_ms']:.3f} ms")
+    return figures
+
+
+def _finish(api: KubeApi, namespace: str, item: dict[str, Any]) -> None:
+    """Complete one JobLease in one status write (set-up only: no claim, no lease)."""
+    obs = Observed.from_object(item)
+    for _ in range(5):
+        st = obs.status
+        now = api.server_now().midpoint
+        epoch = st.epoch if st.epoch is not None else int(obs.resource_version)
+        gen = st.generation + 1 if st.phase is not Phase.HELD else st.generation
+        status = {"phase": "Completed", "holder": "bench", "generation": gen, "epoch": epoch,
+                  "leaseUntil": None, "finishTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                  "completion": Completion(gen, "bench", now, "set-up").to_dict()}
+        patch = {"metadata": {"resourceVersion": obs.resource_version}, "status": status}
+        try:
+            api.request("PATCH", lease_path(namespace, obs.name, "status"), patch,
+                        content_type=MERGE_PATCH)
+            return
+        except ApiError:  # moved meanwhile (the operator): read and try again
+            obs = Observed.from_object(api.request("GET", lease_path(namespace, obs.name)).body)

@@ -188,6 +188,7 @@ class LocalCluster:
         self._dir: Path | None = None
         self._binaries: dict[str, Path] = {}
         self._apiserver_port: int | None = None
+        self._etcd_url = ""
         self._certs: certs.ClusterCerts | None = None
 
     # -- public handle -----------------------------------------------------------------
@@ -205,6 +206,11 @@ class LocalCluster:
         if self._apiserver_port is None:
             raise RuntimeError("the cluster is not started")
         return f"https://127.0.0.1:{self._apiserver_port}"
+
+    @property
+    def etcd_url(self) -> str:
+        """The client URL of etcd (http on 127.0.0.1): its /metrics give the database's size."""
+        return self._etcd_url
 
     @property
     def ca_file(self) -> Path:
