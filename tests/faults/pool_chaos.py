@@ -554,16 +554,27 @@ def _check_priority(ops: list[Op], jobs: list[JobSpec]) -> list[str]:
     Why this holds: a worker chooses a lower priority only when no higher one is a
     candidate in its view — each is held, resting or finished, so a claim of it had been
     sent already (all jobs were created and initialized before the workers started).
+
+    A worker's threads choose one at a time (under the pool's lock) but record their claims
+    when the claim is sent, so two of its claims sent together may be recorded in either
+    order: a higher-priority first claim by the same process that began before the lower
+    one returned is not "later" (CI-like run, seed 299783829: one worker's two threads
+    recorded 2 ms apart in the other order).
     """
     priority = {j.name: j.priority for j in jobs}
-    first: dict[str, int] = {}
+    first: dict[str, Op] = {}
     for o in ops:
-        if o.op == "claim" and o.status != "refused" and o.lease in priority:
-            first[o.lease] = min(first.get(o.lease, o.call_ns), o.call_ns)
+        if o.op != "claim" or o.status == "refused" or o.lease not in priority:
+            continue
+        if o.lease not in first or o.call_ns < first[o.lease].call_ns:
+            first[o.lease] = o
     out = []
-    for low, at in first.items():
-        later = [high for high, t in first.items()
-                 if priority[high] > priority[low] and t > at]
+    for low, low_op in first.items():
+        at = low_op.call_ns
+        ended = low_op.ret_ns if low_op.ret_ns is not None else at
+        later = [high for high, o in first.items()
+                 if priority[high] > priority[low] and o.call_ns > at
+                 and not (o.process == low_op.process and o.call_ns <= ended)]
         never = [j.name for j in jobs if j.priority > priority[low] and j.name not in first]
         if later or never:
             out.append(f"{low} (priority {priority[low]}) first claimed before "

@@ -15,7 +15,8 @@ import random
 import pytest
 
 from .harness import FaultEnv
-from .pool_chaos import BIG, ChaosPlan, PoolReport, run_pool_chaos
+from .history import Op
+from .pool_chaos import BIG, ChaosPlan, JobSpec, PoolReport, _check_priority, run_pool_chaos
 
 
 def _seed() -> int:
@@ -50,3 +51,20 @@ def test_pool_chaos_200_jobs_8_workers(fault_env: FaultEnv) -> None:
     seed = _seed()
     print(f"seed={seed}")
     _assert_pool_promises(run_pool_chaos(fault_env, seed, BIG))
+
+
+def _claim(process: str, lease: str, call_ms: int, ret_ms: int) -> Op:
+    return Op(f"{process}:{lease}", process, "claim", lease, {"holder": process},
+              call_ms * 1_000_000, None, ret_ms * 1_000_000, None, {"status": "ok"})
+
+
+@pytest.mark.unit
+def test_priority_check_allows_one_workers_concurrent_claims_in_either_order() -> None:
+    """Seed 299783829: one worker's two threads recorded low (0) 2 ms before high (10)."""
+    jobs = [JobSpec("low", 0, None), JobSpec("high", 10, None)]
+    together = [_claim("w2.0", "low", 0, 5), _claim("w2.0", "high", 2, 6)]
+    assert _check_priority(together, jobs) == []
+    # the same order from two workers, or after the low claim returned, is still a finding
+    other = [_claim("w2.0", "low", 0, 5), _claim("w1.0", "high", 2, 6)]
+    after = [_claim("w2.0", "low", 0, 5), _claim("w2.0", "high", 7, 9)]
+    assert _check_priority(other, jobs) and _check_priority(after, jobs)
