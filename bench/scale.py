@@ -49,6 +49,7 @@ PACED_RATE = 25.0  # claims/s in the paced expiry run: below the operator's writ
 LABELS = {"bench": "scale"}
 SELECTOR = "bench=scale"
 TTL_LEASES = 500
+QUICK_TTL_LEASES = 50
 UNFINISHED_SHARE = 0.1  # the pool worker's selector keeps this share of the N unfinished
 
 
@@ -164,7 +165,8 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
         first += expire_leases
         out["expiry"] = _expiry(cluster, op, kubeconfig, namespace,
                                 names[first:first + expire_leases], duration, None)
-        out["ttl"] = _ttl(cluster, op, kubeconfig, namespace, TTL_LEASES)
+        out["ttl"] = _ttl(cluster, op, kubeconfig, namespace,
+                          TTL_LEASES if leases >= 1000 else QUICK_TTL_LEASES)
         out["pool_worker"] = _pool_at_scale(api, kubeconfig, namespace, leases)
         out["cluster_end"] = cluster_figures(cluster)
         rss, hwm = op.rss_mb()
@@ -303,10 +305,12 @@ def _ttl(cluster: Any, op: Operator, kubeconfig: str, namespace: str, count: int
     while op.writes("initialized") - before_init < count and time.monotonic() < deadline:
         time.sleep(0.2)
     client = LeaseClient(namespace, kubeconfig=kubeconfig)
+    # sampled before the completions: the first deletions start 1 s after the first one
+    before_api, before_deleted = apiserver_requests(cluster), op.writes("deleted")
+    ours = 2 * count  # a claim and a completion each
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda n: client.claim(n, "ttl").complete(), names))
     due = time.monotonic() + 1.0  # the last completion's TTL ends about now + 1 s
-    before_api, before_deleted = apiserver_requests(cluster), op.writes("deleted")
     deadline = time.monotonic() + 300
     deleted = 0.0
     while time.monotonic() < deadline:
@@ -317,7 +321,7 @@ def _ttl(cluster: Any, op: Operator, kubeconfig: str, namespace: str, count: int
     seconds = time.monotonic() - due
     after_api = apiserver_requests(cluster)
     deletes = count_writes(after_api, before_api, verbs=("DELETE",))
-    writes = count_writes(after_api, before_api, verbs=WRITE_VERBS)
+    writes = count_writes(after_api, before_api, verbs=WRITE_VERBS) - ours
     client.api.close()
     api.close()
     progress(f"scale: TTL deleted {deleted:.0f}/{count} in {seconds:.1f}s after the last was "
