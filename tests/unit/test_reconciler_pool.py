@@ -75,3 +75,34 @@ def test_every_due_expiry_is_written_once(writers: int) -> None:
     assert {o.status.phase for o in view.snapshot()} == {Phase.EXPIRED}
     on_pool = {name.startswith("joblease-write") for name in store.writers}
     assert on_pool == {writers > 1}
+
+
+def test_the_view_keeps_no_conditions_and_an_expiry_keeps_finisheds_transition_time() -> None:
+    """Issue 24: the view drops conditions; a write decides from a fresh read that has them.
+
+    Deciding from the view's copy would have moved ``Finished``'s ``lastTransitionTime``
+    (False → False is no transition) to the expiry's time, and lost any other condition.
+    """
+    earlier = "2026-12-03T11:00:00.000000Z"
+    conditions = (
+        {"type": "Held", "status": "True", "reason": "Claimed", "message": "claimed by 'a'",
+         "lastTransitionTime": earlier, "observedGeneration": 1},
+        {"type": "Finished", "status": "False", "reason": "Claimed", "message": "claimed",
+         "lastTransitionTime": earlier, "observedGeneration": 1},
+        {"type": "Custom", "status": "True", "reason": "Mine", "message": "kept",
+         "lastTransitionTime": earlier, "observedGeneration": 1})
+    lease = held("job")
+    lease = replace(lease, status=replace(lease.status, conditions=conditions))
+    store = FakeStore([lease])
+    view = LeaseView()
+    view.put(lease)
+    assert view.snapshot()[0].status.conditions == ()
+    reconciler = Reconciler(store, view, timedelta(milliseconds=250))  # type: ignore[arg-type]
+    reconciler.pass_once()
+    written = {c["type"]: c for c in store.objects["job"].status.conditions}
+    assert store.objects["job"].status.phase is Phase.EXPIRED
+    assert written["Finished"]["lastTransitionTime"] == earlier
+    assert written["Held"]["status"] == "False"
+    assert written["Held"]["lastTransitionTime"] != earlier
+    assert written["Custom"]["message"] == "kept"
+    assert view.snapshot()[0].status.conditions == ()

@@ -38,7 +38,7 @@ from datetime import timedelta
 from functools import partial
 
 from joblease.controller import metrics
-from joblease.controller.reconciler import LeaseView
+from joblease.controller.reconciler import LeaseView, write_basis
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError, format_time
 from joblease.domain.lease import (
@@ -192,7 +192,8 @@ class Delegator:
         return self._write(obs, lambda o, n: decide_release(o, claim, n, margin))
 
     def _write(self, obs: Observed, decide: Decide) -> Observed:
-        outcome = transact(self.leases, obs.namespace, obs.name, decide, observed=obs)
+        outcome = transact(self.leases, obs.namespace, obs.name, decide,
+                           observed=write_basis(obs))
         if outcome.transition is not None:
             # The view now has this version, so the watch event will show no transition:
             # count and announce it here, as the reconciler does for its own writes.

@@ -12,6 +12,7 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 
@@ -38,8 +39,37 @@ EVENT_REASONS = {"claimed": "Claimed", "completed": "Completed", "released": "Re
                  "expired": "Expired", "failed": "Failed", "initialized": "Created"}
 
 
+def compact(obs: Observed) -> Observed:
+    """What the view keeps of a version: everything but the status's conditions.
+
+    Why: at 100,000 JobLeases the conditions (two dicts of five strings each, their
+    messages the longest strings of the object) were the largest part of what the operator
+    kept per lease, and no decision from the view reads them: the due times, the Events and
+    the metrics need phase, holder, token and times. A write that must carry them (they
+    keep ``lastTransitionTime`` across a write) decides from a fresh read instead
+    (:func:`write_basis`).
+    """
+    if not obs.status.conditions:
+        return obs
+    return replace(obs, status=replace(obs.status, conditions=()))
+
+
+def write_basis(obs: Observed) -> Observed | None:
+    """The version a transition of ``obs`` may be decided from without a read, or ``None``.
+
+    Only a JobLease without status (its initialization) is complete in the view; any other
+    transition reads the object first (``transact`` with ``observed=None``): one GET, which
+    the write floor does not count, so that conditions are never decided from a copy that
+    lacks them.
+    """
+    return obs if not obs.has_status else None
+
+
 class LeaseView:
-    """The operator's in-memory view of JobLeases, fed by the watch (thread-safe)."""
+    """The operator's in-memory view of JobLeases, fed by the watch (thread-safe).
+
+    It keeps :func:`compact` versions only (no conditions).
+    """
 
     def __init__(self) -> None:
         self._leases: dict[tuple[str, str], Observed] = {}
@@ -52,7 +82,7 @@ class LeaseView:
             previous = self._leases.get(key)
             if previous is not None and _rv(previous) > _rv(obs):
                 return previous  # an older event arrived late; keep the newer version
-            self._leases[key] = obs
+            self._leases[key] = compact(obs)
             return previous
 
     def get(self, namespace: str, name: str) -> Observed | None:
@@ -163,7 +193,7 @@ class Reconciler:
     def _write(self, obs: Observed, decide: object) -> None:
         try:
             outcome = transact(self.store, obs.namespace, obs.name, decide,  # type: ignore[arg-type]
-                               observed=obs)
+                               observed=write_basis(obs))
         except LeaseNotFoundError:
             self.view.drop(obs.namespace, obs.name, obs.uid)  # deleted during a watch gap
             return

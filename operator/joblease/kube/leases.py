@@ -14,7 +14,7 @@ import os
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from joblease.domain.errors import LeaseNotFoundError, format_time
 from joblease.domain.lease import LeaseStatus, Observed
@@ -131,6 +131,22 @@ def _page(body: dict[str, Any]) -> Page:
                 str(meta.get("continue") or ""))
 
 
+class EventSubject(Protocol):
+    """What an Event names of its JobLease (an ``Observed`` has it; so has a queued Event)."""
+
+    @property
+    def namespace(self) -> str:
+        """The JobLease's namespace."""
+
+    @property
+    def name(self) -> str:
+        """The JobLease's name."""
+
+    @property
+    def uid(self) -> str:
+        """The JobLease's uid (the Event's ``involvedObject``)."""
+
+
 class LeaseStore:
     """JobLease objects through one transport (``KubeApi``: one identity, one clock estimate)."""
 
@@ -239,7 +255,7 @@ class LeaseStore:
                                   "resourceVersion": observed.resource_version}}
         self.api.request("DELETE", lease_path(observed.namespace, observed.name), body)
 
-    def post_event(self, observed: Observed, type_: str, reason: str, message: str,
+    def post_event(self, observed: EventSubject, type_: str, reason: str, message: str,
                    component: str = "joblease-operator") -> None:
         """Post a core/v1 Event about a JobLease (visible in `kubectl describe jl`)."""
         now = format_time(self.api.server_now().midpoint)  # the server clock, as everywhere
