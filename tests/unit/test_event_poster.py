@@ -59,3 +59,27 @@ def test_a_full_queue_drops_and_counts_instead_of_blocking() -> None:
     store.gate.set()
     poster.close()
     assert store.posted == ["First", "E0", "E1"]
+
+
+def test_events_over_the_rate_are_dropped_and_counted_then_the_bucket_refills() -> None:
+    """Issue 24: a burst of 100,000 initializations must not become 100,000 Event writes."""
+    store = FakeStore()
+    now = [0.0]
+    poster = EventPoster(store, capacity=1000, rate=10.0, burst=5,  # type: ignore[arg-type]
+                         clock=lambda: now[0])
+    before = dropped()
+    for i in range(20):
+        poster.post(OBS, "Normal", f"A{i}", "m")
+    now[0] = 0.5  # 5 tokens back at 10/s
+    for i in range(20):
+        poster.post(OBS, "Normal", f"B{i}", "m")
+    poster.close()
+    assert store.posted == [f"A{i}" for i in range(5)] + [f"B{i}" for i in range(5)]
+    assert dropped() - before == 30
+
+
+def test_a_poster_refuses_a_rate_it_cannot_keep() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="rate > 0"):
+        EventPoster(FakeStore(), rate=0)  # type: ignore[arg-type]

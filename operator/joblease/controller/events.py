@@ -6,6 +6,14 @@ last leases were marked late (the 10,000-lease benchmark's burst lag). Events ar
 state — the JobLease's status is — so they may trail the transition, and when the queue
 is full they are dropped and counted (``joblease_operator_events_dropped_total``)
 rather than slowing expiry down.
+
+Why a rate as well (issue 24): every Event is a write to the same API server the
+transitions are written to. At 100,000 JobLeases the operator's initialization posted one
+``Created`` Event per lease, doubling its writes, and a burst of expiries as many
+``Expired`` ones. A token bucket (``rate`` Events per second, ``burst`` at once) bounds the
+Events' share of the write rate; what exceeds it is dropped at once and counted, like a
+full queue, so the Events that are posted stay close to their transitions. A cluster at
+rest (a few transitions a second) loses none.
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from joblease.controller import metrics
@@ -22,6 +32,9 @@ from joblease.kube.leases import LeaseStore
 
 log = logging.getLogger("joblease.operator")
 _STOP = None
+EVENTS_PER_SECOND = 100.0
+EVENT_BURST = 1_000
+QUEUE_CAPACITY = 1_000
 
 
 class Subject(NamedTuple):
@@ -39,20 +52,43 @@ class Subject(NamedTuple):
 class EventPoster:
     """A bounded queue of Events and the one thread that posts them in order."""
 
-    def __init__(self, store: LeaseStore, capacity: int = 10_000) -> None:
+    def __init__(self, store: LeaseStore, capacity: int = QUEUE_CAPACITY,
+                 rate: float = EVENTS_PER_SECOND, burst: int = EVENT_BURST,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if rate <= 0 or burst < 1 or capacity < 1:
+            raise ValueError(f"EventPoster needs rate > 0, burst >= 1 and capacity >= 1, "
+                             f"not rate={rate}, burst={burst}, capacity={capacity}")
         self.store = store
+        self._rate, self._burst, self._clock = rate, float(burst), clock
+        self._tokens, self._filled = float(burst), clock()
+        self._bucket = threading.Lock()
         self._queue: queue.Queue[tuple[Subject, str, str, str] | None] = queue.Queue(capacity)
         self._thread = threading.Thread(target=self._run, name="joblease-events", daemon=True)
         self._thread.start()
 
     def post(self, obs: Observed, type_: str, reason: str, message: str) -> None:
-        """Queue one Event (never blocks; a full queue drops it and counts the drop)."""
+        """Queue one Event (never blocks; over the rate or a full queue: dropped, counted)."""
+        if not self._take_token():
+            metrics.EVENTS_DROPPED.inc()
+            log.debug("Event rate exceeded: dropped %s for %s/%s", reason, obs.namespace,
+                      obs.name)
+            return
         try:
             self._queue.put_nowait((Subject(obs.namespace, obs.name, obs.uid), type_, reason,
                                     message))
         except queue.Full:
             metrics.EVENTS_DROPPED.inc()
             log.warning("Event queue full: dropped %s for %s/%s", reason, obs.namespace, obs.name)
+
+    def _take_token(self) -> bool:
+        with self._bucket:
+            now = self._clock()
+            self._tokens = min(self._burst, self._tokens + (now - self._filled) * self._rate)
+            self._filled = now
+            if self._tokens < 1.0:
+                return False
+            self._tokens -= 1.0
+            return True
 
     def close(self, timeout: float = 5.0) -> None:
         """Post what is queued (bounded by ``timeout``), then stop the thread."""
