@@ -44,7 +44,7 @@ class FakeStore:
             current = self.objects[observed.name]
             assert current.resource_version == observed.resource_version
             new = replace(current, resource_version=str(int(current.resource_version) + 1),
-                          status=status)
+                          status=status, has_status=True)
             self.objects[observed.name] = new
             self.writers.append(threading.current_thread().name)
             return new
@@ -106,3 +106,28 @@ def test_the_view_keeps_no_conditions_and_an_expiry_keeps_finisheds_transition_t
     assert written["Held"]["lastTransitionTime"] != earlier
     assert written["Custom"]["message"] == "kept"
     assert view.snapshot()[0].status.conditions == ()
+
+
+def test_a_pass_writes_a_bounded_number_most_urgent_first() -> None:
+    """Issue 24: 100,000 new JobLeases in one pass held every expiry back for minutes."""
+    new = [Observed("ns", f"new-{i:03d}", f"uid-new-{i}", "5", 1, LeaseSpec(), LeaseStatus(),
+                    has_status=False) for i in range(10)]
+    late = held("late")
+    store = FakeStore([*new, late])
+    view = LeaseView()
+    for obs in [*new, late]:  # the expiry is visited last
+        view.put(obs)
+    reconciler = Reconciler(store, view, timedelta(milliseconds=250))  # type: ignore[arg-type]
+    reconciler.max_writes_per_pass = 4
+    first = reconciler.pass_once()
+    assert store.objects["late"].status.phase is Phase.EXPIRED
+    def written() -> int:  # a write moves the resourceVersion
+        return sum(1 for o in store.objects.values() if o.resource_version != "5")
+
+    assert written() == 4
+    assert first <= 0.02
+    passes = 2
+    while reconciler.pass_once() <= 0.02 and passes < 10:
+        passes += 1
+    assert written() == 11
+    assert passes == 3  # 4 + 4 + 3 writes; the third pass found no more due
