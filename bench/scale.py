@@ -356,7 +356,10 @@ def _pool_at_scale(api: KubeApi, kubeconfig: str, namespace: str, leases: int
              "(set-up, one status write each)")
     t1 = time.monotonic()
     with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda item: _finish(api, namespace, item), finish))
+        for i, _ in enumerate(pool.map(lambda item: _finish(api, namespace, item), finish)):
+            if (i + 1) % 10_000 == 0:
+                progress(f"scale: finished {i + 1}/{len(finish)} "
+                         f"({time.monotonic() - t1:.0f}s)")
     progress(f"scale: finished {len(finish)} in {time.monotonic() - t1:.0f}s")
     del scale, open_, finish
     out = subprocess.run([sys.executable, "-m", "bench.pool_scale_worker", kubeconfig,
