@@ -13,7 +13,10 @@ transitions are written to. At 100,000 JobLeases the operator's initialization p
 ``Expired`` ones. A token bucket (``rate`` Events per second, ``burst`` at once) bounds the
 Events' share of the write rate; what exceeds it is dropped at once and counted, like a
 full queue, so the Events that are posted stay close to their transitions. A cluster at
-rest (a few transitions a second) loses none.
+rest (a few transitions a second) loses none. ``Created`` (the operator's first status for
+a new JobLease, not a change of owner) has a bucket of its own, ten times smaller, so that
+a flood of new JobLeases neither spends the write rate on Events nor crowds out the
+Events of claims and expiries.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ _STOP = None
 EVENTS_PER_SECOND = 100.0
 EVENT_BURST = 1_000
 QUEUE_CAPACITY = 1_000
+BULK_REASONS = frozenset({"Created"})  # Events of the low-rate bucket
+BULK_SHARE = 0.1  # its rate and burst, as a share of the others'
 
 
 class Subject(NamedTuple):
@@ -49,6 +54,22 @@ class Subject(NamedTuple):
     uid: str
 
 
+class _Bucket:
+    """A token bucket: ``rate`` tokens per second, at most ``burst`` saved."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate, self.burst, self.tokens, self.filled = rate, burst, burst, now
+
+    def take(self, now: float) -> bool:
+        """Take one token if there is one (refilled for the time since the last call)."""
+        self.tokens = min(self.burst, self.tokens + (now - self.filled) * self.rate)
+        self.filled = now
+        if self.tokens < 1.0:
+            return False
+        self.tokens -= 1.0
+        return True
+
+
 class EventPoster:
     """A bounded queue of Events and the one thread that posts them in order."""
 
@@ -59,8 +80,10 @@ class EventPoster:
             raise ValueError(f"EventPoster needs rate > 0, burst >= 1 and capacity >= 1, "
                              f"not rate={rate}, burst={burst}, capacity={capacity}")
         self.store = store
-        self._rate, self._burst, self._clock = rate, float(burst), clock
-        self._tokens, self._filled = float(burst), clock()
+        self._clock = clock
+        self._buckets = {False: _Bucket(rate, float(burst), clock()),
+                         True: _Bucket(rate * BULK_SHARE, max(1.0, burst * BULK_SHARE),
+                                       clock())}
         self._bucket = threading.Lock()
         self._queue: queue.Queue[tuple[Subject, str, str, str] | None] = queue.Queue(capacity)
         self._thread = threading.Thread(target=self._run, name="joblease-events", daemon=True)
@@ -68,7 +91,7 @@ class EventPoster:
 
     def post(self, obs: Observed, type_: str, reason: str, message: str) -> None:
         """Queue one Event (never blocks; over the rate or a full queue: dropped, counted)."""
-        if not self._take_token():
+        if not self._take_token(reason in BULK_REASONS):
             metrics.EVENTS_DROPPED.inc()
             log.debug("Event rate exceeded: dropped %s for %s/%s", reason, obs.namespace,
                       obs.name)
@@ -80,15 +103,9 @@ class EventPoster:
             metrics.EVENTS_DROPPED.inc()
             log.warning("Event queue full: dropped %s for %s/%s", reason, obs.namespace, obs.name)
 
-    def _take_token(self) -> bool:
+    def _take_token(self, bulk: bool) -> bool:
         with self._bucket:
-            now = self._clock()
-            self._tokens = min(self._burst, self._tokens + (now - self._filled) * self._rate)
-            self._filled = now
-            if self._tokens < 1.0:
-                return False
-            self._tokens -= 1.0
-            return True
+            return self._buckets[bulk].take(self._clock())
 
     def close(self, timeout: float = 5.0) -> None:
         """Post what is queued (bounded by ``timeout``), then stop the thread."""
