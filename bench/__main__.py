@@ -91,10 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     progress("starting the local control plane (etcd, kube-apiserver, ...)")
     with LocalCluster() as cluster:
         progress(f"control plane ready at {cluster.server}")
-        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(common.CRD),
-                        check=True)
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/jobleases.joblease.dev", check=True)
+        common.install_crd(cluster)
         kubeconfig = str(cluster.kubeconfig_for("admin"))
         admin = KubeApi.from_kubeconfig(kubeconfig)
         for section in sections:

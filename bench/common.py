@@ -54,6 +54,27 @@ def summary(values: list[float]) -> dict[str, float]:
             "max": max(values) if values else math.nan}
 
 
+def proc_rss_mb(pid: int) -> tuple[float, float]:
+    """(VmRSS, VmHWM) of a process in MB (zeros if it is gone)."""
+    fields: dict[str, float] = {}
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0.0, 0.0
+    for line in status.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            fields[key] = float(rest.split()[0]) / 1024
+    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
+
+
+def install_crd(cluster: Any) -> None:
+    """Apply the canonical CRD and wait until the API server serves it."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD), check=True)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                    "crd/jobleases.joblease.dev", check=True)
+
+
 def create_namespace(api: KubeApi, name: str) -> None:
     """Create a namespace (409 if it exists is fine)."""
     body = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}

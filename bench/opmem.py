@@ -20,7 +20,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bench.common import CRD, create_namespace, progress
+from bench.common import create_namespace, install_crd, progress
 from bench.scale import LABELS, Operator
 from joblease.kube.api import KubeApi
 from joblease.kube.leases import LeaseStore
@@ -48,9 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="joblease-opmem-"))
     dump = work / "tracemalloc.json"
     with LocalCluster() as cluster:
-        cluster.kubectl("apply", "--server-side", "-f", str(CRD), check=True)
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/jobleases.joblease.dev", check=True)
+        install_crd(cluster)
         kubeconfig = str(cluster.kubeconfig_for("admin"))
         api = KubeApi.from_kubeconfig(kubeconfig)
         create_namespace(api, "opmem")
@@ -61,10 +59,8 @@ def main(argv: list[str] | None = None) -> int:
                           range(args.leases)))
         progress(f"opmem: created {args.leases}")
         pythonpath = os.pathsep.join(filter(None, [str(SITE), os.environ.get("PYTHONPATH")]))
-        op = Operator(kubeconfig, work / "operator.log", "opmem")
-        op.stop()  # Operator() starts at once; start again with tracemalloc in its environment
-        op.extra_env = {"PYTHONPATH": pythonpath, "JOBLEASE_TRACEMALLOC_OUT": str(dump)}
-        op.start(wait=False)
+        op = Operator(kubeconfig, work / "operator.log", "opmem", extra_env={
+            "PYTHONPATH": pythonpath, "JOBLEASE_TRACEMALLOC_OUT": str(dump)})
         deadline = time.monotonic() + 0.1 * args.leases + 120
         while op.writes("initialized") < args.leases and time.monotonic() < deadline:
             time.sleep(1)

@@ -11,31 +11,24 @@ A process of its own so that the RSS is a worker's, not the benchmark's.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from pathlib import Path
 
+from bench.common import proc_rss_mb
 from joblease.sdk.client import LeaseClient
-
-
-def rss_mb() -> float:
-    """This process's VmRSS in MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return float(line.split()[1]) / 1024
-    return 0.0
 
 
 def main(argv: list[str]) -> int:
     kubeconfig, namespace, selector = argv
     client = LeaseClient(namespace, kubeconfig=kubeconfig)
     client.calibrate()
-    before = rss_mb()
+    before = proc_rss_mb(os.getpid())[0]
     t0 = time.monotonic()
     with client.pool(selector) as pool:
         cached = pool.unfinished(timeout=600)
         listed = time.monotonic() - t0
-        after = rss_mb()
+        after = proc_rss_mb(os.getpid())[0]
         view, margin = pool._view, client.margin()  # the choice claim_next makes, timed alone
         calls = 200
         start = time.perf_counter()

@@ -26,6 +26,7 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,7 @@ from bench.common import (
     apiserver_requests,
     count,
     list_leases,
+    proc_rss_mb,
     progress,
     summary,
 )
@@ -51,20 +53,6 @@ SELECTOR = "bench=scale"
 TTL_LEASES = 500
 QUICK_TTL_LEASES = 50
 UNFINISHED_SHARE = 0.1  # the pool worker's selector keeps this share of the N unfinished
-
-
-def proc_rss_mb(pid: int) -> tuple[float, float]:
-    """(VmRSS, VmHWM) of a process in MB (zeros if it is gone)."""
-    fields: dict[str, float] = {}
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return 0.0, 0.0
-    for line in status.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
-            fields[key] = float(rest.split()[0]) / 1024
-    return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
 
 
 def cluster_figures(cluster: Any) -> dict[str, float]:
@@ -89,8 +77,9 @@ def cluster_figures(cluster: Any) -> dict[str, float]:
 class Operator(OperatorProcess):
     """The operator (``tests/support``'s process) plus what the scale run reads from it."""
 
-    def __init__(self, kubeconfig: str, log: Path, namespace: str) -> None:
-        super().__init__(kubeconfig, log, namespaces=[namespace])
+    def __init__(self, kubeconfig: str, log: Path, namespace: str,
+                 extra_env: dict[str, str] | None = None) -> None:
+        super().__init__(kubeconfig, log, namespaces=[namespace], extra_env=extra_env)
         self.start(wait=False)  # not waited for: the run times initialization from here
         self.started = time.monotonic()
         self.peak_rss_mb = 0.0
@@ -115,8 +104,9 @@ class Operator(OperatorProcess):
                    and (kind is None or f'kind="{kind}"' in k))
 
 
-def _jl_writes(totals: dict[tuple[str, str, str, str], float]) -> float:
-    return count(totals, verbs=WRITE_VERBS, resource="jobleases")
+def _jl_writes(totals: dict[tuple[str, str, str, str], float],
+               verbs: tuple[str, ...] = WRITE_VERBS) -> float:
+    return count(totals, verbs=verbs, resource="jobleases")
 
 
 def _event_writes(totals: dict[tuple[str, str, str, str], float]) -> float:
@@ -320,8 +310,8 @@ def _ttl(cluster: Any, op: Operator, kubeconfig: str, namespace: str, count: int
         time.sleep(0.1)
     seconds = time.monotonic() - due
     after_api = apiserver_requests(cluster)
-    deletes = count_writes(after_api, before_api, verbs=("DELETE",))
-    writes = count_writes(after_api, before_api, verbs=WRITE_VERBS) - ours
+    deletes = _jl_writes(after_api, ("DELETE",)) - _jl_writes(before_api, ("DELETE",))
+    writes = _jl_writes(after_api) - _jl_writes(before_api) - ours
     client.api.close()
     api.close()
     progress(f"scale: TTL deleted {deleted:.0f}/{count} in {seconds:.1f}s after the last was "
@@ -330,14 +320,6 @@ def _ttl(cluster: Any, op: Operator, kubeconfig: str, namespace: str, count: int
     return {"leases": count, "deleted": deleted, "seconds_after_due": seconds,
             "rate": deleted / max(seconds, 1e-9), "deletes": deletes,
             "writes_per_deletion": writes / max(1.0, deleted)}
-
-
-def count_writes(after: dict[tuple[str, str, str, str], float],
-                 before: dict[tuple[str, str, str, str], float],
-                 verbs: Any) -> float:
-    """JobLease requests of ``verbs`` between two samples of kube-apiserver's counter."""
-    return (count(after, verbs=verbs, resource="jobleases")
-            - count(before, verbs=verbs, resource="jobleases"))
 
 
 def _pool_at_scale(api: KubeApi, kubeconfig: str, namespace: str, leases: int
@@ -351,7 +333,7 @@ def _pool_at_scale(api: KubeApi, kubeconfig: str, namespace: str, leases: int
     open_ = [i for i in scale
              if (i.get("status") or {}).get("phase") not in ("Completed", "Failed")]
     keep = int(leases * UNFINISHED_SHARE)
-    finish = open_[keep:] if len(scale) - len(open_) < leases - keep else []
+    finish = open_[keep:]  # empty when enough are finished already
     progress(f"scale: a full list of {len(scale)} took {listed:.1f}s; finishing {len(finish)} "
              "(set-up, one status write each)")
     t1 = time.monotonic()
@@ -385,9 +367,9 @@ def _finish(api: KubeApi, namespace: str, item: dict[str, Any]) -> None:
         now = api.server_now().midpoint
         epoch = st.epoch if st.epoch is not None else int(obs.resource_version)
         gen = st.generation + 1 if st.phase is not Phase.HELD else st.generation
-        status = {"phase": "Completed", "holder": "bench", "generation": gen, "epoch": epoch,
-                  "leaseUntil": None, "finishTime": now.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                  "completion": Completion(gen, "bench", now, "set-up").to_dict()}
+        status = replace(st, phase=Phase.COMPLETED, holder="bench", generation=gen,
+                         epoch=epoch, lease_until=None, finish_time=now,
+                         completion=Completion(gen, "bench", now, "set-up")).to_dict()
         patch = {"metadata": {"resourceVersion": obs.resource_version}, "status": status}
         try:
             api.request("PATCH", lease_path(namespace, obs.name, "status"), patch,
