@@ -131,3 +131,21 @@ def test_a_pass_writes_a_bounded_number_most_urgent_first() -> None:
         passes += 1
     assert written() == 11
     assert passes == 3  # 4 + 4 + 3 writes; the third pass found no more due
+
+
+def test_an_expiry_decided_from_a_fresh_read_leaves_a_recreated_lease_alone() -> None:
+    """Delete and re-create: the view still holds the old, expired incarnation.
+
+    The expiry reads the object first (``write_basis``), finds the new incarnation held
+    and not expired, and writes nothing.
+    """
+    old = held("job")
+    new = replace(held("job"), uid="uid-new", resource_version="9",
+                  status=replace(old.status, lease_until=T0 + timedelta(seconds=60)))
+    store = FakeStore([new])
+    view = LeaseView()
+    view.put(old)
+    reconciler = Reconciler(store, view, timedelta(milliseconds=250))  # type: ignore[arg-type]
+    reconciler.pass_once()
+    assert store.writers == []
+    assert store.objects["job"] == new
