@@ -93,6 +93,13 @@ def stage(modules: list[str]) -> None:
              f"pytest_add_cli_args_test_selection = {_toml_list(['tests/unit'])}",
              f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}",
              f"also_copy = {_toml_list(list(DATA))}",
+             # fork (mutmut's default) forks every mutant's run from the process that ran
+             # the whole suite for the stats, with whatever that left behind (threads,
+             # locks, loops): the asyncio tests' shared loop thread was not in the child,
+             # so they hung until the timeout, counted as kills (support.clients now starts
+             # its loop per process). A fork server that only collected the tests is the
+             # cleaner parent for what else a test may leave.
+             'process_isolation = "forkserver"',
              ""]
     (STAGE / "pyproject.toml").write_text("\n".join(lines))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,12 +30,26 @@ KINDS = ["sync", "async"]
 
 
 class _Loop:
-    """One asyncio loop in a daemon thread, for every asyncio client of the test session."""
+    """One asyncio loop in a daemon thread, for every asyncio client of the test process.
+
+    Started on first use, and again in a forked child: a fork copies the loop object but
+    not its thread, so a child that used the parent's loop waited for an answer no thread
+    would ever give (``make mutate`` forks a worker per mutant; every asyncio test there
+    hung until mutmut's timeout, and a timeout counts as a killed mutant).
+    """
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True,
-                         name="test-clients-loop").start()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pid = 0
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """This process's loop, its thread started if this process has none yet."""
+        if self._loop is None or self._pid != os.getpid():
+            self._loop, self._pid = asyncio.new_event_loop(), os.getpid()
+            threading.Thread(target=self._loop.run_forever, daemon=True,
+                             name="test-clients-loop").start()
+        return self._loop
 
     def run(self, awaitable: Any, timeout: float = 60.0) -> Any:
         async def wrapped() -> Any:
