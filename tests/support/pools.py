@@ -21,11 +21,14 @@ class ScriptedFeed:
     """``LeaseFeed``'s surface: lists the fake server's objects once, then waits for events.
 
     ``before_list`` is reported as trouble (and the list skipped) when set; ``crash`` is
-    raised from ``run`` instead of listing (a bug in the feed's thread).
+    raised from ``run`` instead of listing (a bug in the feed's thread); with
+    ``never_lists`` the feed runs but no list ever arrives. ``listed`` is set once the
+    list step is over, whichever of these it was.
     """
 
     before_list: Exception | None = None
     crash: Exception | None = None
+    never_lists = False
 
     def __init__(self, api: FakeKubeApi) -> None:
         self.api = api
@@ -34,17 +37,23 @@ class ScriptedFeed:
         self.stopped = threading.Event()
 
     def run(self, sink: Any) -> None:
-        self.sink = sink
-        if self.crash is not None:
-            raise self.crash
-        if self.before_list is not None:
-            sink.trouble(self.before_list)
-        else:
-            sink.replace([Observed.from_object(o) for o in self.api.objects.values()],
-                         str(max(int(o["metadata"]["resourceVersion"])
-                                 for o in self.api.objects.values())))
-        self.listed.set()
+        self.list_step(sink)
         self.stopped.wait(30)
+
+    def list_step(self, sink: Any) -> None:
+        """The scripted start: crash, report trouble, list nothing, or list every object."""
+        self.sink = sink
+        try:
+            if self.crash is not None:
+                raise self.crash
+            if self.before_list is not None:
+                sink.trouble(self.before_list)
+            elif not self.never_lists:
+                sink.replace([Observed.from_object(o) for o in self.api.objects.values()],
+                             str(max(int(o["metadata"]["resourceVersion"])
+                                     for o in self.api.objects.values())))
+        finally:
+            self.listed.set()
 
     def stop(self) -> None:
         self.stopped.set()

@@ -23,8 +23,11 @@ from typing import Any
 import pytest
 
 from joblease.aio.pool import AsyncPool
-from joblease.domain.lease import Observed
-from joblease.kube.api import UnavailableError
+from joblease.core.presence import Presence
+from joblease.core.steps import Stopped, SyncPort, drive
+from joblease.domain.errors import PoolClosedError
+from joblease.kube.api import ForbiddenError, UnavailableError
+from joblease.kube.leases import LeaseStore
 from joblease.sdk.pool import Pool
 from support.clients import KINDS, LOOP, Client, LeaseView, client_over, fake_sleep
 from support.fakekube import FakeKubeApi
@@ -38,11 +41,7 @@ class AsyncScriptedFeed(ScriptedFeed):
     """``ScriptedFeed`` for ``AsyncPool``: lists once, then delivers events on the pool's loop."""
 
     async def arun(self, sink: Any) -> None:
-        self.sink = sink
-        sink.replace([Observed.from_object(o) for o in self.api.objects.values()],
-                     str(max(int(o["metadata"]["resourceVersion"])
-                             for o in self.api.objects.values())))
-        self.listed.set()
+        self.list_step(sink)
         while not self.stopped.is_set():
             await asyncio.sleep(0.01)
 
@@ -67,8 +66,8 @@ class PoolView:
         lease = self.client._call(self.real.claim_next, *args, **kwargs)
         return lease  # type: ignore[no-any-return]
 
-    def unfinished(self) -> int:
-        return int(self.real.unfinished())
+    def unfinished(self, *timeout: float) -> int:
+        return int(self.real.unfinished(*timeout))
 
     def close(self) -> None:
         self.client._call(self.real.close)
@@ -89,6 +88,7 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[PoolView, Scri
 def pool_over(kind: str, api: FakeKubeApi, made: list[tuple[PoolView, ScriptedFeed]],
               monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[PoolView, ScriptedFeed]:
     client = client_over(kind, api)
+    kwargs.setdefault("presence", False)
     if kind == "sync":
         feeds: list[ScriptedFeed] = []
 
@@ -97,7 +97,7 @@ def pool_over(kind: str, api: FakeKubeApi, made: list[tuple[PoolView, ScriptedFe
             return feeds[-1]
 
         monkeypatch.setattr("joblease.sdk.pool.LeaseFeed", feed)
-        real: Any = Pool(client.real, "team=batch", presence=False, **kwargs)
+        real: Any = Pool(client.real, "team=batch", **kwargs)
         scripted = feeds[-1]
     else:
         scripted = AsyncScriptedFeed(api)
@@ -107,7 +107,7 @@ def pool_over(kind: str, api: FakeKubeApi, made: list[tuple[PoolView, ScriptedFe
             await scripted.arun(_Sink(self))
 
         monkeypatch.setattr(AsyncPool, "_feed", scripted_feed)
-        real = AsyncPool(client.real, "team=batch", presence=False, **kwargs)
+        real = AsyncPool(client.real, "team=batch", **kwargs)
         LOOP.run(real.__aenter__())
     assert scripted.listed.wait(5)
     pool = PoolView(client, real)
@@ -222,3 +222,123 @@ def test_closing_the_pool_releases_a_waiting_claim(
     pool.close()  # idempotent
     waiter.join(5)
     assert not waiter.is_alive() and got == [None]
+
+
+def test_a_dead_watch_stops_the_claims_with_its_cause(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    boom = RuntimeError("boom")
+    monkeypatch.setattr(ScriptedFeed, "crash", boom)
+    pool, _ = pool_over(kind, server(available("a")), pools, monkeypatch)
+    with pytest.raises(PoolClosedError) as err:
+        pool.claim_next("w", timeout=5)
+    assert err.value.__cause__ is boom
+    assert str(err.value) == "JobLease pool 'team=batch': its watch stopped: RuntimeError('boom')"
+
+
+# -- before the first list ---------------------------------------------------------------------
+
+def test_a_refused_list_is_raised_not_waited_for(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = ForbiddenError(403, "Forbidden", "cannot list jobleases")
+    monkeypatch.setattr(ScriptedFeed, "before_list", refused)
+    pool, _ = pool_over(kind, server(available("a")), pools, monkeypatch)
+    start = time.monotonic()
+    with pytest.raises(ForbiddenError) as err:
+        pool.claim_next("w", timeout=5)
+    assert err.value is refused and time.monotonic() - start < 2
+
+
+def real_time(api: FakeKubeApi, monkeypatch: pytest.MonkeyPatch) -> FakeKubeApi:
+    """``api`` with the real monotonic clock (the fake's advances 1 ms per reading).
+
+    A timeout is counted on the transport's monotonic clock by ``AsyncPool`` and on
+    ``time.monotonic`` by ``Pool``; real transports read the same real clock.
+    """
+    monkeypatch.setattr(api, "monotonic", time.monotonic)
+    return api
+
+
+def test_an_unreachable_server_is_raised_once_the_timeout_passed(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ScriptedFeed, "before_list", LOST)
+    api = real_time(server(available("a")), monkeypatch)
+    pool, _ = pool_over(kind, api, pools, monkeypatch)
+    start = time.monotonic()
+    with pytest.raises(UnavailableError) as err:
+        pool.claim_next("w", timeout=0.3)
+    assert err.value is LOST
+    assert 0.3 <= time.monotonic() - start < 2  # waited for a list until the timeout
+
+
+def test_no_list_within_the_timeout_is_unavailable(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ScriptedFeed, "never_lists", True)
+    api = real_time(server(available("a")), monkeypatch)
+    pool, _ = pool_over(kind, api, pools, monkeypatch)
+    calls = [lambda: pool.claim_next("w", timeout=0.3)]
+    if kind == "sync":  # the thread pool's unfinished() may wait; the asyncio one's reads
+        calls.append(lambda: pool.unfinished(0.3))
+    for call in calls:
+        start = time.monotonic()
+        with pytest.raises(UnavailableError) as err:
+            call()
+        assert (err.value.status, err.value.reason) == (0, "NotSynced")
+        assert err.value.message == ("JobLease pool 'team=batch': no list of its leases "
+                                     "within the timeout")
+        assert 0.3 <= time.monotonic() - start < 2
+
+
+def test_a_list_that_arrives_while_a_claim_waits_is_used(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ScriptedFeed, "never_lists", True)
+    api = server(available("a"))
+    pool, feed = pool_over(kind, api, pools, monkeypatch)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(pool.claim_next("w", timeout=10)))
+    start = time.monotonic()
+    waiter.start()
+    time.sleep(0.1)
+    assert not got  # waiting for the first list
+    monkeypatch.setattr(ScriptedFeed, "never_lists", False)
+    relist = feed.list_step if kind == "sync" else (
+        lambda sink: LOOP.loop.call_soon_threadsafe(feed.list_step, sink))
+    relist(feed.sink)
+    waiter.join(10)
+    assert got and got[0] is not None and got[0].name == "a"
+    assert time.monotonic() - start < 5
+
+
+# -- presence (joblease.core.presence) --------------------------------------------------------
+
+def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    api = server(available("job"))
+    other = Presence("ns", "team=batch", "other-worker")
+    stop = threading.Event()
+    stop.set()  # the first Sleep ends the round at once
+    with pytest.raises(Stopped):  # one round of another worker of the same pool
+        drive(other.steps(type("Sink", (), {"workers": lambda self, live: None})()),
+              SyncPort(LeaseStore(api), stop=stop))  # type: ignore[arg-type]
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
+    assert pool.presence is None  # no holder named yet
+    assert pool.claim_next("me", timeout=5) is not None
+    deadline = time.monotonic() + 5
+    while pool.presence is None or pool.presence.counts.lists == 0:
+        assert time.monotonic() < deadline, "presence never listed"
+        time.sleep(0.01)
+    assert pool.live_workers() == ["me", "other-worker"]
+    announced = pool.presence
+    assert pool.claim_next("someone-else", timeout=0) is None
+    assert pool.presence is announced  # announced once, by the first holder
+    pool.close()
+    # closing the pool deleted its own record; the other's stays until it lapses
+    assert [obj["spec"]["holderIdentity"] for obj in api.presence.values()] == ["other-worker"]
+    assert writes(api) == [("PATCH", "job")]  # presence never shows among the JobLease requests
+
+
+def test_a_pool_without_presence_announces_nothing(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    api = server(available("job"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=False)
+    assert pool.claim_next("me", timeout=5) is not None
+    assert pool.presence is None and not api.presence

@@ -18,7 +18,6 @@ died says so.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -26,16 +25,12 @@ from typing import Any
 
 import pytest
 
-from joblease.core.presence import Presence
-from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.errors import PoolClosedError
-from joblease.kube.api import ForbiddenError, UnavailableError
-from joblease.kube.leases import LeaseStore
+from joblease.kube.api import UnavailableError
 from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
 from joblease.sdk.pool import Pool
 from support.fakekube import T_NOW, FakeKubeApi
-from support.pools import ScriptedFeed, available, held_by_other, server, writes
+from support.pools import ScriptedFeed, available, held_by_other, server
 
 LOST = UnavailableError(0, "Unavailable", "connection reset")
 
@@ -141,66 +136,6 @@ def test_a_waiter_wakes_when_a_holders_end_plus_margin_has_certainly_passed_with
     assert api.server_now_calls < 20  # it slept until then; it did not spin
 
 
-def test_a_dead_watch_stops_the_claims_with_its_cause(feeds: list[ScriptedFeed],
-                                                      monkeypatch: pytest.MonkeyPatch,
-                                                      closing: list[Pool]) -> None:
-    boom = RuntimeError("boom")
-    monkeypatch.setattr(ScriptedFeed, "crash", boom)
-    client = LeaseClient("ns", api=server(available("a")), calibrate=False)  # type: ignore[arg-type]
-    pool = client.pool("team=batch")
-    closing.append(pool)
-    with pytest.raises(PoolClosedError) as err:
-        pool.claim_next("w", timeout=5)
-    assert err.value.__cause__ is boom
-    assert str(err.value) == "JobLease pool 'team=batch': its watch stopped: RuntimeError('boom')"
-
-
-# -- before the first list ---------------------------------------------------------------------
-
-def test_a_refused_list_is_raised_not_waited_for(feeds: list[ScriptedFeed],
-                                                 monkeypatch: pytest.MonkeyPatch,
-                                                 closing: list[Pool]) -> None:
-    refused = ForbiddenError(403, "Forbidden", "cannot list jobleases")
-    monkeypatch.setattr(ScriptedFeed, "before_list", refused)
-    client = LeaseClient("ns", api=server(available("a")), calibrate=False)  # type: ignore[arg-type]
-    pool = client.pool("team=batch")
-    closing.append(pool)
-    assert feeds[0].listed.wait(5)
-    start = time.monotonic()
-    with pytest.raises(ForbiddenError) as err:
-        pool.claim_next("w", timeout=5)
-    assert err.value is refused and time.monotonic() - start < 2
-
-
-def test_an_unreachable_server_is_raised_once_the_timeout_passed(
-        feeds: list[ScriptedFeed], monkeypatch: pytest.MonkeyPatch, closing: list[Pool]
-        ) -> None:
-    monkeypatch.setattr(ScriptedFeed, "before_list", LOST)
-    client = LeaseClient("ns", api=server(available("a")), calibrate=False)  # type: ignore[arg-type]
-    pool = client.pool("team=batch")
-    closing.append(pool)
-    assert feeds[0].listed.wait(5)
-    with pytest.raises(UnavailableError) as err:
-        pool.claim_next("w", timeout=0.1)
-    assert err.value is LOST
-
-
-def test_no_list_within_the_timeout_is_unavailable(feeds: list[ScriptedFeed],
-                                                   monkeypatch: pytest.MonkeyPatch,
-                                                   closing: list[Pool]) -> None:
-    monkeypatch.setattr(ScriptedFeed, "run", lambda self, sink: self.stopped.wait(30))
-    client = LeaseClient("ns", api=server(available("a")), calibrate=False)  # type: ignore[arg-type]
-    pool = client.pool("team=batch")
-    closing.append(pool)
-    for call in (lambda: pool.claim_next("w", timeout=0.1), lambda: pool.unfinished(0.1)):
-        start = time.monotonic()
-        with pytest.raises(UnavailableError) as err:
-            call()
-        assert (err.value.status, err.value.reason) == (0, "NotSynced")
-        assert "JobLease pool 'team=batch': no list" in err.value.message
-        assert 0.1 <= time.monotonic() - start < 2
-
-
 # -- the client's shared pools -----------------------------------------------------------------
 
 def test_the_clients_claim_next_shares_one_pool_per_selector_until_closed(
@@ -215,33 +150,3 @@ def test_the_clients_claim_next_shares_one_pool_per_selector_until_closed(
     assert feeds[0].stopped.is_set()
     with pytest.raises(RuntimeError, match="the LeaseClient is closed"):
         client.claim_next("team=batch", "w", timeout=0)
-
-
-# -- presence (joblease.core.presence) --------------------------------------------------------
-
-def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
-        feeds: list[ScriptedFeed]) -> None:
-    api = server(available("job"))
-    other = Presence("ns", "team=batch", "other-worker")
-    with pytest.raises(Stopped):  # one round of another worker of the same pool
-        drive(other.steps(type("Sink", (), {"workers": lambda self, live: None})()),
-              SyncPort(LeaseStore(api), stop=_set_after_first_sleep()))  # type: ignore[arg-type]
-    _, pool, _ = pool_over(api, feeds)
-    try:
-        assert pool.claim_next("me", timeout=5) is not None
-        deadline = time.monotonic() + 5
-        while pool.presence is None or pool.presence.counts.lists == 0:
-            assert time.monotonic() < deadline, "presence never listed"
-            time.sleep(0.01)
-        assert pool.live_workers() == ["me", "other-worker"]
-    finally:
-        pool.close()
-    # closing the pool deleted its own record; the other's stays until it lapses
-    assert [obj["spec"]["holderIdentity"] for obj in api.presence.values()] == ["other-worker"]
-    assert writes(api) == [("PATCH", "job")]  # presence never shows among the JobLease requests
-
-
-def _set_after_first_sleep() -> threading.Event:
-    stop = threading.Event()
-    stop.set()  # the first Sleep ends the round at once
-    return stop
