@@ -11,6 +11,11 @@ fixes of issue 15 land — mutmut refuses to start on a red suite).
 Usage: ``python -m tests.mutation.mutate [MODULE ...]`` where MODULE is one of
 ``domain``, ``transact``, ``sdk``, ``aio``, ``core`` (default: all). Prints one line per module:
 killed / total and the score, then every survivor's name.
+
+``--recheck TEST ...`` runs the work tree's tests (pytest paths or node ids) against each
+survivor of the last run, one by one, with the staged mutants first on the path: what tests
+written after the run kill, without another full run. It prints the survivors those tests
+kill and those they do not.
 """
 
 from __future__ import annotations
@@ -165,17 +170,53 @@ def report(statuses: dict[str, str]) -> int:
     return sum(len(v) for v in survivors.values())
 
 
+def recheck(statuses: dict[str, str], modules: list[str], tests: list[str]) -> None:
+    """Run ``tests`` from the work tree against each survivor of ``modules``; print the result.
+
+    The staged mutants (``build/mutate/mutants/src``) come first on ``PYTHONPATH``; the
+    trampoline picks the mutant from ``MUTANT_UNDER_TEST``. A run that fails or outlives its
+    timeout kills the mutant (``-x``: the first failure is enough).
+    """
+    survivors = sorted(n for n, s in statuses.items()
+                       if s not in KILLED and module_of(n) in modules)
+    env = {**os.environ, "PYTHONPATH": str(STAGE / "mutants" / "src"),
+           "HYPOTHESIS_PROFILE": "mutate"}
+    killed: list[str] = []
+    alive: list[str] = []
+    for count, name in enumerate(survivors, 1):
+        try:
+            done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", *PYTEST_ARGS,
+                                   "--timeout", "60", *tests], cwd=ROOT,
+                                  env={**env, "MUTANT_UNDER_TEST": name},
+                                  capture_output=True, timeout=300)
+            (alive if done.returncode == 0 else killed).append(name)
+        except subprocess.TimeoutExpired:
+            killed.append(name)
+        print(f"recheck {count}/{len(survivors)}: killed {len(killed)}", flush=True)
+    print(f"\nrecheck of {len(survivors)} survivors of {', '.join(modules)} against "
+          f"{' '.join(tests)}: {len(killed)} killed, {len(alive)} still survive")
+    for name in killed:
+        print(f"  killed now: {name}")
+    for name in alive:
+        print(f"  survives: {name}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("modules", nargs="*", help=f"any of {', '.join(TARGETS)} (default: all)")
     parser.add_argument("--max-children", type=int, default=2)
     parser.add_argument("--report-only", action="store_true",
                         help="print the scores of the last run without running again")
+    parser.add_argument("--recheck", nargs="+", metavar="TEST",
+                        help="run these work-tree tests against each survivor of the last run")
     args = parser.parse_args(argv)
     modules = args.modules or list(TARGETS)
     unknown = set(modules) - set(TARGETS)
     if unknown:
         parser.error(f"unknown module(s) {sorted(unknown)}; choose from {list(TARGETS)}")
+    if args.recheck:
+        recheck(results(), modules, args.recheck)
+        return 0
     if not args.report_only:
         stage(modules)
         run(args.max_children)

@@ -7,9 +7,12 @@ feed task would. Pinned for both: a claim is one conditional write decided from 
 a lost race costs one write and sets the name aside until a newer version; a lost answer is
 retried with the same claim id and the landed claim adopted; a claim that only recorded
 used-up attempts is not a lease and the cache learns the Failed version; a waiting claim
-takes what the watch brings; ``until_empty``; closing releases a waiting claim.
-The thread pool's own concerns (its feed thread, its clock injection) stay in
-``test_sdk_pool.py``.
+takes what the watch brings; ``until_empty``; closing releases a waiting claim; a dead
+watch stops the claims with its cause; a refused first list is raised at once, an
+unreachable one after the timeout, no list at all as ``NotSynced``; presence is announced
+by the first holder and left on close; the client shares one pool per selector until
+closed. The thread pool's own concerns (its clock injection: the pause schedule of lost
+answers, a waiter's wake-up without polling) stay in ``test_sdk_pool.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from joblease.aio.pool import AsyncPool
+from joblease.aio.pool import AsyncPool, _Sink
 from joblease.core.presence import Presence
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.errors import PoolClosedError
@@ -41,9 +44,12 @@ class AsyncScriptedFeed(ScriptedFeed):
     """``ScriptedFeed`` for ``AsyncPool``: lists once, then delivers events on the pool's loop."""
 
     async def arun(self, sink: Any) -> None:
-        self.list_step(sink)
-        while not self.stopped.is_set():
-            await asyncio.sleep(0.01)
+        try:
+            self.list_step(sink)
+            while not self.stopped.is_set():
+                await asyncio.sleep(0.01)
+        finally:  # cancelled with its pool: the feed ended, as ScriptedFeed's stop says
+            self.stopped.set()
 
     def event(self, kind: str, name: str) -> None:
         done = threading.Event()
@@ -85,32 +91,46 @@ def pools(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[PoolView, Scri
         pool.close()
 
 
+def script_feeds(kind: str, monkeypatch: pytest.MonkeyPatch) -> list[ScriptedFeed]:
+    """Replace the ``kind`` pool's feed by a ``ScriptedFeed``; the feeds made, in order."""
+    made: list[ScriptedFeed] = []
+    if kind == "sync":
+        def feed(store: Any, namespace: str, selector: str, **_: Any) -> ScriptedFeed:
+            made.append(ScriptedFeed(store.api))
+            return made[-1]
+
+        monkeypatch.setattr("joblease.sdk.pool.LeaseFeed", feed)
+    else:
+        async def scripted_feed(self: AsyncPool[Any]) -> None:
+            made.append(AsyncScriptedFeed(self.client.api.sync))  # AsyncFakeKubeApi's fake
+            await made[-1].arun(_Sink(self))
+
+        monkeypatch.setattr(AsyncPool, "_feed", scripted_feed)
+    return made
+
+
+def started(feeds: list[ScriptedFeed], count: int = 1) -> ScriptedFeed:
+    """The ``count``-th feed made, once its list step is over (the asyncio one starts late)."""
+    deadline = time.monotonic() + 5
+    while len(feeds) < count:
+        assert time.monotonic() < deadline, "the pool never started its feed"
+        time.sleep(0.005)
+    assert feeds[count - 1].listed.wait(5)
+    return feeds[count - 1]
+
+
 def pool_over(kind: str, api: FakeKubeApi, made: list[tuple[PoolView, ScriptedFeed]],
               monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> tuple[PoolView, ScriptedFeed]:
     client = client_over(kind, api)
     kwargs.setdefault("presence", False)
+    feeds = script_feeds(kind, monkeypatch)
     if kind == "sync":
-        feeds: list[ScriptedFeed] = []
-
-        def feed(store: Any, namespace: str, selector: str, **_: Any) -> ScriptedFeed:
-            feeds.append(ScriptedFeed(store.api))
-            return feeds[-1]
-
-        monkeypatch.setattr("joblease.sdk.pool.LeaseFeed", feed)
         real: Any = Pool(client.real, "team=batch", **kwargs)
-        scripted = feeds[-1]
     else:
-        scripted = AsyncScriptedFeed(api)
-
-        async def scripted_feed(self: AsyncPool[Any]) -> None:
-            from joblease.aio.pool import _Sink
-            await scripted.arun(_Sink(self))
-
-        monkeypatch.setattr(AsyncPool, "_feed", scripted_feed)
         real = AsyncPool(client.real, "team=batch", **kwargs)
         LOOP.run(real.__aenter__())
-    assert scripted.listed.wait(5)
     pool = PoolView(client, real)
+    scripted = started(feeds)
     made.append((pool, scripted))
     return pool, scripted
 
@@ -342,3 +362,22 @@ def test_a_pool_without_presence_announces_nothing(
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=False)
     assert pool.claim_next("me", timeout=5) is not None
     assert pool.presence is None and not api.presence
+
+
+# -- the client's shared pools -----------------------------------------------------------------
+
+def test_the_clients_claim_next_shares_one_pool_per_selector_until_closed(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    feeds = script_feeds(kind, monkeypatch)
+    client = client_over(kind, real_time(server(available("a"), available("b")), monkeypatch))
+    first = client.claim_next("team=batch", "w", timeout=5)  # waits for the first list
+    second = client.claim_next("team=batch", "w", timeout=0)  # the same pool: listed already
+    assert first is not None and second is not None and {first.name, second.name} == {"a", "b"}
+    assert len(feeds) == 1
+    assert client.claim_next("team=other", "w", timeout=0.2) is None  # another selector
+    assert len(feeds) == 2
+    client.close()
+    assert feeds[0].stopped.wait(5) and feeds[1].stopped.wait(5)  # every pool closed
+    client.close()  # idempotent
+    with pytest.raises(RuntimeError, match=r"the (Async)?LeaseClient is closed"):
+        client.claim_next("team=batch", "w", timeout=0)

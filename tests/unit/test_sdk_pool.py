@@ -1,19 +1,13 @@
 """The thread-based work pool's own concerns (``joblease.sdk.pool.Pool``), in-memory.
 
-What both pools share is tested once, for both, in ``tests/unit/test_pools.py``; here stay
-the thread pool's clock injection (``joblease.sdk.pool.time``), its feed thread's failures,
-the client's shared pool per selector and presence. The original summary:
-
-The claims are real (``LeaseClient``, ``LeaseStore`` and ``transact`` over
-``support.fakekube``); only the list+watch is scripted (``ScriptedFeed`` stands in for
-``joblease.kube.pool.LeaseFeed``, which ``tests/unit/test_kube_feed.py`` and the cluster tests
-cover), so each test decides exactly which versions the pool's cache holds. Pinned here: a
-claim is one conditional write decided from the cache; a lost race costs one request and
-sets the name aside until a newer version arrives; a lost answer is retried on the same
-name with the same claim id, pausing 50 ms doubling to 2 s, never past the timeout; a
-claim that only recorded used-up attempts is not a lease; a waiter wakes on an event or at
-the certain server time (no polling); a pool that never listed, was closed, or whose watch
-died says so.
+What both pools share is tested once, for both, in ``tests/unit/test_pools.py`` (claims,
+waits, a dead watch, a refused or missing first list, presence, the client's shared
+pools). Here stays what needs the thread pool's clock injection (``joblease.sdk.pool.time``
+replaced by a fake whose ``sleep`` moves ``monotonic``): a lost answer is retried on the
+same name with the same claim id, pausing 50 ms doubling to 2 s, never past the timeout;
+a waiter wakes at the certain server time, without polling. The claims are real
+(``LeaseClient``, ``LeaseStore`` and ``transact`` over ``support.fakekube``); only the
+list+watch is scripted (``support.pools.ScriptedFeed``).
 """
 
 from __future__ import annotations
@@ -134,19 +128,3 @@ def test_a_waiter_wakes_when_a_holders_end_plus_margin_has_certainly_passed_with
     assert api.monotonic() >= wake
     assert api.monotonic() < 3  # woken at the end, not at the timeout
     assert api.server_now_calls < 20  # it slept until then; it did not spin
-
-
-# -- the client's shared pools -----------------------------------------------------------------
-
-def test_the_clients_claim_next_shares_one_pool_per_selector_until_closed(
-        feeds: list[ScriptedFeed]) -> None:
-    api = server(available("a"), available("b"))
-    client = LeaseClient("ns", api=api, calibrate=False)  # type: ignore[arg-type]
-    first = client.claim_next("team=batch", "w", timeout=0)
-    second = client.claim_next("team=batch", "w", timeout=0)
-    assert first is not None and second is not None and {first.name, second.name} == {"a", "b"}
-    assert len(feeds) == 1
-    client.close()
-    assert feeds[0].stopped.is_set()
-    with pytest.raises(RuntimeError, match="the LeaseClient is closed"):
-        client.claim_next("team=batch", "w", timeout=0)
