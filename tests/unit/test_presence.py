@@ -9,6 +9,7 @@ once, without stopping claims.
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -25,7 +26,7 @@ from joblease.core.presence import (
 )
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.clock import ServerNow
-from joblease.kube.api import ForbiddenError
+from joblease.kube.api import MERGE_PATCH, ForbiddenError, UnavailableError
 from joblease.kube.leases import LeaseStore
 from support.fakekube import T_NOW, FakeKubeApi
 
@@ -111,3 +112,64 @@ def test_unreadable_or_hostile_records_are_skipped_and_the_latest_renewal_wins()
                         {"spec": {**good, "holderIdentity": "y", "leaseDurationSeconds": "x"}},
                         {"spec": None}, "not an object", {}]
     assert live_records(items) == {"w": datetime.fromisoformat("2026-12-03T12:00:20+00:00")}
+
+
+def test_the_records_on_the_wire_are_coordination_leases_a_real_server_accepts(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-memory server stores any body; kube-apiserver validates these (cluster tests)."""
+    api = FakeKubeApi(now=ServerNow.exact(T_NOW))
+    sent: list[tuple[str, Any, str | None, float]] = []
+    real_request = api.request
+
+    def request(method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        sent.append((method, copy.deepcopy(body), kwargs.get("content_type"),
+                     kwargs.get("timeout", 10.0)))
+        return real_request(method, path, body, **kwargs)
+
+    monkeypatch.setattr(api, "request", request)
+    presence = Presence("ns", "team=batch", "w1", seconds=20)
+    rounds(presence, api, 2)
+    spec = {"holderIdentity": "w1", "leaseDurationSeconds": 20, "renewTime": micro_time(T_NOW)}
+    patch, create, listing, renewal = sent[:4]
+    assert patch[:3] == ("PATCH", {"spec": spec}, MERGE_PATCH)  # 404 the first time
+    assert create[:3] == ("POST", {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": presence.name, "labels": {POOL_LABEL: pool_key("team=batch")}},
+        "spec": {**spec, "acquireTime": micro_time(T_NOW)}}, None)
+    assert listing[:2] == ("GET", None)
+    assert renewal[:3] == ("PATCH", {"spec": spec}, MERGE_PATCH)
+    drive(presence.leave_steps(), SyncPort(LeaseStore(api)))  # type: ignore[arg-type]
+    assert sent[-1] == ("DELETE", None, None, 2.0)  # a clean exit does not wait long
+
+
+def test_the_first_rounds_come_sooner_then_every_renewal_period() -> None:
+    presence = Presence("ns", "p=1", "w1", every=4.0)
+    rounds(presence, FakeKubeApi(), 6)  # rounds() checks 0.5, 1, 2, then 4, 4, 4 (±20 %)
+
+
+def test_a_transient_failure_is_counted_and_the_next_round_tries_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeKubeApi()
+    real = api._presence
+    failures = iter([UnavailableError(0, "Unavailable", "connection reset")])
+
+    def flaky(*args: Any) -> Any:
+        err = next(failures, None)
+        if err is not None:
+            raise err
+        return real(*args)
+
+    monkeypatch.setattr(api, "_presence", flaky)
+    presence = Presence("ns", "p=1", "w1")
+    sink = rounds(presence, api, 2)
+    assert (presence.counts.failures, presence.counts.renewals, presence.counts.lists) == (
+        1, 1, 1)
+    assert presence.enabled and sink.seen and "w1" in sink.seen[-1]
+
+
+def test_pool_keys_and_record_names_are_valid_kubernetes_names() -> None:
+    key = pool_key("team=batch")
+    assert len(key) == 32 and key != pool_key(None) and pool_key(None) == pool_key("")
+    name = record_name(key, "system:serviceaccount:ns:w1")
+    assert name.startswith("joblease-worker-") and len(name) == len("joblease-worker-") + 40
+    assert name != record_name(key, "system:serviceaccount:ns:w2")
