@@ -31,7 +31,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGE = ROOT / "build" / "mutate"
+# JOBLEASE_MUTATE_STAGE: another staging folder, so that one run's mutants stay for a
+# --recheck while another module's run goes on
+STAGE = Path(os.environ.get("JOBLEASE_MUTATE_STAGE", ROOT / "build" / "mutate"))
 TARGETS = {
     "domain": "src/joblease/domain/*",
     "transact": "src/joblease/kube/transact.py",
@@ -170,7 +172,8 @@ def report(statuses: dict[str, str]) -> int:
     return sum(len(v) for v in survivors.values())
 
 
-def recheck(statuses: dict[str, str], modules: list[str], tests: list[str]) -> None:
+def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
+            prefix: str = "") -> None:
     """Run ``tests`` from the work tree against each survivor of ``modules``; print the result.
 
     The staged mutants (``build/mutate/mutants/src``) come first on ``PYTHONPATH``; the
@@ -178,7 +181,7 @@ def recheck(statuses: dict[str, str], modules: list[str], tests: list[str]) -> N
     timeout kills the mutant (``-x``: the first failure is enough).
     """
     survivors = sorted(n for n, s in statuses.items()
-                       if s not in KILLED and module_of(n) in modules)
+                       if s not in KILLED and module_of(n) in modules and n.startswith(prefix))
     env = {**os.environ, "PYTHONPATH": str(STAGE / "mutants" / "src"),
            "HYPOTHESIS_PROFILE": "mutate"}
     killed: list[str] = []
@@ -209,13 +212,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the scores of the last run without running again")
     parser.add_argument("--recheck", nargs="+", metavar="TEST",
                         help="run these work-tree tests against each survivor of the last run")
+    parser.add_argument("--only", default="", metavar="PREFIX",
+                        help="with --recheck: only the survivors whose names start so")
     args = parser.parse_args(argv)
     modules = args.modules or list(TARGETS)
     unknown = set(modules) - set(TARGETS)
     if unknown:
         parser.error(f"unknown module(s) {sorted(unknown)}; choose from {list(TARGETS)}")
     if args.recheck:
-        recheck(results(), modules, args.recheck)
+        recheck(results(), modules, args.recheck, args.only)
         return 0
     if not args.report_only:
         stage(modules)
