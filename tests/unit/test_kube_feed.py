@@ -1,4 +1,5 @@
-"""LeaseFeed's list+watch loop against a scripted API: resume, re-list on 410, filtering.
+"""The one feed's list+watch loop against a scripted API: resume, re-list on 410, filtering,
+the selectors every list and watch carries, backoff with jitter reset by a good watch.
 
 The real server's 410 (an ERROR event after a 200) is checked in tests/cluster/test_pool.py;
 here every path is driven deterministically, including the HTTP-410 answer to opening a
@@ -18,11 +19,18 @@ from typing import Any
 import pytest
 
 from joblease.core.asteps import AsyncPort, adrive
-from joblease.core.feed import UNFINISHED, Feed, LeaseFeed
+from joblease.core.feed import RETRY_FIRST, RETRY_MAX, UNFINISHED, Feed, LeaseFeed, retry_pause
+from joblease.core.steps import Sleep
 from joblease.domain.lease import Observed
 from joblease.domain.pool import PoolView
 from joblease.kube.aioleases import AsyncLeaseStore
-from joblease.kube.api import ForbiddenError, GoneError, InvalidError, WatchStream
+from joblease.kube.api import (
+    ForbiddenError,
+    GoneError,
+    InvalidError,
+    UnavailableError,
+    WatchStream,
+)
 from joblease.kube.leases import LeaseStore
 
 
@@ -71,10 +79,14 @@ class ScriptedApi:
     watches: list[list[dict[str, Any] | Exception] | Exception]
     feed: LeaseFeed | None = None
     sent: list[tuple[str, dict[str, str]]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)
+    timeouts: list[float] = field(default_factory=list)
 
     def request(self, method: str, path: str, body: Any = None, *, query: dict[str, str],
                 content_type: str | None = None, timeout: float = 0) -> Body:
         self.sent.append(("list", dict(query)))
+        self.paths.append(path)
+        self.timeouts.append(timeout)
         answer = self.lists.pop(0)
         if isinstance(answer, Exception):
             raise answer
@@ -82,6 +94,7 @@ class ScriptedApi:
 
     def watch(self, path: str, query: dict[str, str], *, timeout: float) -> WatchStream:
         self.sent.append(("watch", dict(query)))
+        self.paths.append(path)
         if not self.watches:
             assert self.feed is not None
             self.feed.stop()  # the script is over
@@ -260,3 +273,64 @@ def test_an_unreadable_object_is_skipped_counted_and_logged_and_the_feed_goes_on
     assert feed.counts.unreadable == 3 and feed.counts.events == 3
     assert feed.resource_version == "12"
     assert "skipping an unreadable JobLease 'bad'" in caplog.text
+
+
+def test_every_list_and_watch_asks_the_namespace_for_the_pools_selectors_only() -> None:
+    """The watch carries the list's selectors: without them it would stream every JobLease
+    of the namespace (another pool's, finished ones) into the view."""
+    api = ScriptedApi(lists=[listing(10, "a", token="next"), listing(10, "b")],
+                      watches=[[{"type": "BOOKMARK", "object": {"metadata": {
+                          "resourceVersion": "15"}}}], []])
+    feed, sink = run(api)
+    assert [kind for kind, _ in api.sent] == ["list", "list", "watch", "watch", "watch"]
+    for _, query in api.sent:
+        assert (query["labelSelector"], query["fieldSelector"]) == ("pool=a", UNFINISHED)
+    assert "continue" not in api.sent[0][1] and api.sent[1][1]["continue"] == "next"
+    assert set(api.paths) == {"/apis/joblease.dev/v1alpha1/namespaces/ns/jobleases"}
+    assert api.timeouts and all(t > 0 for t in api.timeouts)  # a list never waits unbounded
+    assert [q["resourceVersion"] for k, q in api.sent if k == "watch"] == ["10", "15", "15"]
+    assert sink.resource_version == "15"  # the BOOKMARK moved the view's resume point
+    assert (feed.counts.lists, feed.counts.watches, feed.counts.failures) == (1, 3, 0)
+
+
+def test_a_refused_field_selector_is_left_out_of_the_watch_too() -> None:
+    refused = InvalidError(400, "BadRequest", "field label not supported: status.phase")
+    api = ScriptedApi(lists=[refused, listing(10, "a")], watches=[[]])
+    run(api)
+    assert [("fieldSelector" in q, q["labelSelector"]) for _, q in api.sent] == [
+        (True, "pool=a"), (False, "pool=a"), (False, "pool=a"), (False, "pool=a")]
+
+
+def test_a_refusal_that_is_not_about_the_field_selector_keeps_it() -> None:
+    refused = InvalidError(400, "BadRequest", "labelSelector: invalid value")
+    api = ScriptedApi(lists=[refused, listing(10, "a")], watches=[])
+    feed, sink = run(api)
+    assert feed.field_selector == UNFINISHED and sink.troubles == [refused]
+    assert api.sent[1][1]["fieldSelector"] == UNFINISHED
+
+
+def test_failures_back_off_doubling_and_a_watch_that_ends_well_resets_them(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> Sleep:
+        slept.append(seconds)
+        return Sleep(0.0)
+
+    monkeypatch.setattr("joblease.core.feed.Sleep", sleep)
+    monkeypatch.setattr("joblease.core.feed.random.uniform", lambda low, high: high)
+    lost = UnavailableError(0, "Unavailable", "connection refused")
+    api = ScriptedApi(lists=[lost] * 6 + [listing(10, "a")],
+                      watches=[[], lost, []])
+    feed, sink = run(api)
+    first = RETRY_FIRST
+    assert slept == [first, 2 * first, 4 * first, 8 * first, 16 * first, RETRY_MAX, first]
+    assert feed.counts.failures == 7 and sink.troubles == [lost] * 7
+
+
+def test_a_retry_pause_is_jittered_between_half_and_all_of_its_doubling_step() -> None:
+    for failures in range(25):
+        step = min(RETRY_MAX, RETRY_FIRST * 2.0 ** failures)
+        pauses = [retry_pause(failures) for _ in range(50)]
+        assert all(step / 2 <= p <= step for p in pauses), (failures, min(pauses), max(pauses))
+        assert max(pauses) - min(pauses) > step / 10  # jittered, not one value
