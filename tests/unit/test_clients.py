@@ -6,7 +6,9 @@ body (``support.clients``: a blocking facade over either client). What is pinned
 refusals that name the current holder and token, ``wait_claim`` over a held lease, a backoff
 and an unreachable server (one claim id across attempts), the identity, a claim decided from
 a given version, a deleted or re-created JobLease, the holder-only policy's 403 on a Failed
-write, ``resume``; and a property test that runs one random sequence of operations against
+write, ``resume``; the server-clock estimate's error on the safe side of every decision (a
+takeover, a holder's deadline, a late renewal) and a renewal's one write bounded by the
+deadline; and a property test that runs one random sequence of operations against
 both clients on two identical servers and requires the same outcome at every step.
 """
 
@@ -475,3 +477,68 @@ def test_both_clients_give_the_same_outcome_for_any_history(kind: str,
     sync_out = _play(client_over("sync", sync_api), sync_api, ops)
     async_out = _play(client_over("async", async_api), async_api, ops)
     assert sync_out == async_out
+
+
+# -- the clock's error bound is on the safe side, everywhere -----------------------------------
+
+def test_a_takeover_waits_for_the_margin_plus_the_clock_error(kind: str) -> None:
+    """Expiry is judged on the server's clock: its earliest possible time past leaseUntil
+    plus the margin, and the margin grows with the estimate's error bound."""
+    api, client = client_for(kind, leaseDurationSeconds=10)
+    client.claim("job", "a")
+    # earliest T+10.2: past leaseUntil + base margin (10.25)? no; the error widens it to 10.55
+    later(api, 10.5, error=0.3)
+    with pytest.raises(LeaseHeldError):
+        client.claim("job", "b")
+    later(api, 10.5, error=0.1)  # earliest 10.4 >= 10 + 0.25 + 0.1
+    assert client.claim("job", "b").generation == 2
+
+
+def test_a_holders_deadline_is_earlier_by_the_clock_error(kind: str) -> None:
+    exact_api, exact = client_for(kind, leaseDurationSeconds=10)
+    unsure_api, unsure = client_for(kind, leaseDurationSeconds=10)
+    later(unsure_api, 0, error=0.4)
+    mid = T_NOW
+    later(exact_api, 0)
+    a, b = exact.claim("job", "a"), unsure.claim("job", "a")
+    assert a.lease_until == b.lease_until == mid + timedelta(seconds=10)  # stamped at midpoint
+    assert a.deadline - b.deadline == pytest.approx(0.4 / (1 + DEFAULT_DRIFT), abs=0.01)
+    # a renewal under the same uncertainty keeps the deadline earlier by as much
+    later(exact_api, 5)
+    later(unsure_api, 5, error=0.4)
+    a.renew()
+    b.renew()
+    assert a.deadline - b.deadline == pytest.approx(0.4 / (1 + DEFAULT_DRIFT), abs=0.01)
+
+
+def test_a_renewal_is_one_write_that_waits_no_longer_than_the_deadline(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    api, client = client_for(kind, leaseDurationSeconds=10)
+    lease = client.claim("job", "a")
+    timeouts: list[float] = []
+    real_request = api.request
+
+    def request(method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
+        timeouts.append(kwargs["timeout"])
+        return real_request(method, path, body, **kwargs)
+
+    monkeypatch.setattr(api, "request", request)
+    before, left = len(api.requests), lease.remaining()
+    lease.renew()
+    assert [method for method, _ in api.requests[before:]] == ["PATCH"]  # from what it holds
+    assert len(timeouts) == 1 and 0 < timeouts[0] <= left  # not the 10 s default
+
+
+def test_a_renewal_the_servers_clock_may_already_see_as_too_late_is_refused(kind: str) -> None:
+    """Near the end the clock's error decides: at T+9.6 a renewal is still safe when the
+    server's time is exact (9.6 < 10 − 0.25) and not when it may be 0.3 s later."""
+    for error, refused in ((0.0, False), (0.3, True)):
+        api, client = client_for(kind, leaseDurationSeconds=10)
+        lease = client.claim("job", "a")
+        later(api, 9.6, error=error)
+        if refused:
+            with pytest.raises(LeaseExpiredError):
+                lease.renew()
+        else:
+            lease.renew()
+            assert lease.lease_until == T_NOW + timedelta(seconds=19.6)
