@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -226,6 +227,70 @@ def test_check_declares_a_passed_deadline_and_raises_without_cancelling_the_body
             await asyncio.sleep(0)  # not cancelled: the raise is the signal
             with pytest.raises(LeaseExpiredError):
                 holding.check()
+
+    asyncio.run(main())
+    assert lease.released == []
+
+
+def test_an_expiry_names_the_lease_its_holder_generation_and_end() -> None:
+    lease = ScriptedLease(0.3, hang)
+    lease.lease_until = datetime(2026, 12, 5, 12, tzinfo=UTC)  # type: ignore[assignment]
+
+    async def main() -> None:
+        async with hold(lease):
+            await asyncio.sleep(10)
+
+    with pytest.raises(LeaseExpiredError) as err:
+        asyncio.run(main())
+    assert (err.value.name, err.value.holder, err.value.generation, err.value.lease_until) == (
+        "job", "a", 1, datetime(2026, 12, 5, 12, tzinfo=UTC))
+
+
+def test_an_error_in_the_deadline_watchdog_is_a_declared_loss() -> None:
+    """The watchdog is a loop callback: an exception there was only logged by asyncio, and
+    the body ran on past its deadline (found writing the test above, docs/safety.md #27)."""
+    lease = ScriptedLease(0.3, hang)
+    lease.lease_until = "not a time"  # type: ignore[assignment]  # the expiry error raises
+
+    async def main() -> float:
+        started = time.monotonic()
+        with pytest.raises(RenewalStoppedError, match="deadline watchdog"):
+            async with hold(lease):
+                await asyncio.sleep(10)
+        return time.monotonic() - started
+
+    assert asyncio.run(main()) < 1  # the body was stopped at the deadline
+
+
+@pytest.mark.parametrize("refusal", [
+    UnavailableError(0, "Unavailable", "reset"),
+    StaleLeaseError("job", "a", TOKEN, "b", FencingToken(1, 2), "Held")])
+def test_a_release_that_fails_on_exit_is_not_the_bodys_error(refusal: Exception) -> None:
+    """The lease then ends at its deadline; the work's own outcome is what the block says."""
+    lease = ScriptedLease(5)
+
+    async def release(failed: bool = False) -> None:
+        lease.released.append(failed)
+        raise refusal
+
+    lease.release = release  # type: ignore[method-assign]
+
+    async def main() -> str:
+        async with hold(lease):
+            return "done"
+
+    assert asyncio.run(main()) == "done" and lease.released == [False]
+
+
+def test_a_check_adopts_a_loss_the_lease_met_outside_the_holding() -> None:
+    lease = ScriptedLease(5)
+
+    async def main() -> None:
+        async with hold(lease) as holding:
+            lease.loss = stale()  # a direct lease.renew() was refused
+            with pytest.raises(StaleLeaseError) as err:
+                holding.check()
+            assert holding.loss is err.value is lease.loss and holding.lost.is_set()
 
     asyncio.run(main())
     assert lease.released == []

@@ -215,6 +215,20 @@ class AsyncLeaseHolding:
                                             self._on_deadline)
 
     def _on_deadline(self) -> None:
+        """The watchdog's timer: its only exit is the loss (an error in it declares one).
+
+        A loop callback that raised would only be logged by asyncio, and the body would
+        run on past its deadline; the thread holding's guard turns the same into a loss.
+        """
+        try:
+            self._deadline_reached()
+        except Exception as err:
+            log.exception("JobLease %s: lease guard failed: the deadline watchdog",
+                          self.lease.name)
+            self._lose(RenewalStoppedError(self.lease.name, f"the deadline watchdog of "
+                                           f"{self.lease.name!r} failed: {err!r}"))
+
+    def _deadline_reached(self) -> None:
         self._watchdog = None
         if self._stopping or self.completed or self._loss is not None:
             return
