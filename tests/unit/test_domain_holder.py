@@ -14,15 +14,18 @@ from typing import Any
 import pytest
 
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.errors import LeaseFinishedError, LeaseGoneError
+from joblease.domain.errors import LeaseExpiredError, LeaseFinishedError, LeaseGoneError
 from joblease.domain.holder import (
     MAX_RETRY_DELAY,
     MIN_RENEW_INTERVAL,
     RENEW_FRACTION,
     ClaimDecider,
+    RenewalPace,
     Standing,
+    expired_error,
     finished_error,
     for_incarnation,
+    loss_at_check,
     renew_interval,
     retry_delay,
     seconds_until_claimable,
@@ -194,3 +197,42 @@ def test_a_claimer_sleeps_until_the_earliest_server_time_passes_the_end_plus_mar
     assert seconds_until_claimable(T0 + timedelta(seconds=11), margin, now) == 2.0
     assert seconds_until_claimable(T0, margin, now) == 0.0
     assert seconds_until_claimable(None, margin, now) == 0.0
+
+
+def test_the_renewal_pace_backs_off_after_failures_and_returns_to_the_interval() -> None:
+    pace = RenewalPace(3.0)
+    assert (pace.pause(10.0), pace.pause(1.2), pace.pause(-1.0)) == (3.0, 1.2, 0.0)  # deadline
+    assert [pace.failed() for _ in range(3)] == [0.1, 0.2, 0.4] and pace.failures == 3
+    assert pace.pause(10.0) == 0.4
+    pace.renewed()
+    assert pace.pause(10.0) == 3.0 and pace.failures == 3  # failures are a running count
+
+
+# -- what a holding declares when it looks --------------------------------------------------------
+
+class HeldState:
+    """The part of a held lease ``loss_at_check`` reads."""
+
+    def __init__(self, *, left: float = 5.0, loss: Exception | None = None) -> None:
+        self.name, self.holder, self.generation = "job", "a", 7
+        self.token = FencingToken(3, 7)
+        self.lease_until = datetime(2026, 12, 5, 12, tzinfo=UTC)
+        self.deadline, self.loss, self.left = 0.0, loss, left
+
+    def remaining(self) -> float:
+        return self.left
+
+    def valid(self) -> bool:
+        return self.loss is None and self.left > 0
+
+
+def test_a_check_keeps_a_loss_met_outside_and_otherwise_declares_an_expiry() -> None:
+    stale = LeaseGoneError("job", "ns", "deleted")
+    assert loss_at_check(HeldState(loss=stale), 5.0) is stale  # type: ignore[arg-type]
+    assert loss_at_check(HeldState(), 5.0) is None  # type: ignore[arg-type]
+    for lease, remaining in ((HeldState(), 0.0), (HeldState(left=0.0), 5.0)):
+        err = loss_at_check(lease, remaining)  # type: ignore[arg-type]
+        assert isinstance(err, LeaseExpiredError)
+        assert (err.name, err.holder, err.generation, err.lease_until) == (
+            "job", "a", 7, datetime(2026, 12, 5, 12, tzinfo=UTC))
+    assert expired_error(HeldState()).generation == 7  # type: ignore[arg-type]

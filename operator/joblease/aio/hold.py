@@ -31,18 +31,16 @@ from types import TracebackType
 
 from joblease.domain.errors import (
     LeaseError,
-    LeaseExpiredError,
     LeaseLostError,
     RenewalStoppedError,
 )
-from joblease.domain.holder import RENEW_FRACTION, AsyncHeldLease, renew_interval, retry_delay
-from joblease.domain.token import FencingToken
+from joblease.domain.holder import RENEW_FRACTION, AsyncHeldLease, HoldingState
 from joblease.kube.api import ApiError
 
 log = logging.getLogger("joblease.aio")
 
 
-class AsyncLeaseHolding:
+class AsyncLeaseHolding(HoldingState[AsyncHeldLease]):
     """Keeps an :class:`~joblease.aio.AsyncLease` renewed while an ``async with`` body runs.
 
     Whether the hold is lost, and why, is one value: :attr:`loss` (the ``LeaseLostError``,
@@ -64,14 +62,8 @@ class AsyncLeaseHolding:
 
     def __init__(self, lease: AsyncHeldLease, renew_fraction: float = RENEW_FRACTION, *,
                  stop_before: float = 0.0) -> None:
-        self.lease = lease
+        super().__init__(lease, renew_fraction, stop_before)
         self.lost = asyncio.Event()
-        self._loss: LeaseLostError | None = None
-        self.completed = False
-        self._failed = False
-        self.renew_failures = 0
-        self._fraction = renew_fraction
-        self._stop_before = max(0.0, stop_before)
         self._stopping = False  # the block is exiting: guards stand down, nothing is cancelled
         self._write_lock = asyncio.Lock()  # a renewal never races the completion
         self._body: asyncio.Task[object] | None = None
@@ -80,24 +72,6 @@ class AsyncLeaseHolding:
         self._watchdog: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    @property
-    def token(self) -> FencingToken:
-        """The fencing token of the held claim (unchanged by renewals)."""
-        return self.lease.token
-
-    @property
-    def loss(self) -> LeaseLostError | None:
-        """Why the lease is lost, or ``None``: set once, by whichever guard saw it first."""
-        return self._loss
-
-    def fail(self) -> None:
-        """Mark the work as failed: on exit the lease is released as failed (an attempt)."""
-        self._failed = True
-
-    def remaining(self) -> float:
-        """Seconds until this holding declares the lease lost unless it is renewed."""
-        return self.lease.remaining() - self._stop_before
-
     def check(self) -> None:
         """Raise the loss if the lease is lost; call it before every effect.
 
@@ -105,10 +79,9 @@ class AsyncLeaseHolding:
             LeaseLostError: the lease is lost (:attr:`loss`); stop producing effects.
         """
         if self._loss is None:
-            if self.lease.loss is not None:
-                self._lose(self.lease.loss, cancel_body=False)  # raised here instead
-            elif not self.lease.valid() or self.remaining() <= 0:
-                self._lose(self._expired(), cancel_body=False)
+            seen = self._seen_at_check()
+            if seen is not None:
+                self._lose(seen, cancel_body=False)  # raised here instead
         if self._loss is not None:
             raise self._loss
 
@@ -166,10 +139,8 @@ class AsyncLeaseHolding:
     # -- the guards --------------------------------------------------------------------------
 
     async def _renew_loop(self) -> None:
-        interval = renew_interval(self.lease.remaining(), self._fraction)
-        delay = interval
         while True:
-            await asyncio.sleep(max(0.0, min(delay, self.remaining())))
+            await asyncio.sleep(self._pace.pause(self.remaining()))
             if self._loss is not None or self.completed:
                 return
             if self.remaining() <= 0:
@@ -184,13 +155,12 @@ class AsyncLeaseHolding:
                 self._lose(err)
                 return
             except Exception as err:
-                self.renew_failures += 1
-                delay = retry_delay(self.renew_failures)
+                delay = self._pace.failed()
                 log.warning("JobLease %s: renewal failed (%s: %s); retrying in %.2fs, lost in "
                             "%.2fs unless one succeeds", self.lease.name, type(err).__name__,
                             err, delay, self.remaining())
                 continue
-            delay = interval
+            self._pace.renewed()
             self._arm_watchdog()
             self.on_renewed()
 
@@ -244,10 +214,6 @@ class AsyncLeaseHolding:
             self._watchdog = None
         if self._renewer is not None and asyncio.current_task() is not self._renewer:
             self._renewer.cancel()
-
-    def _expired(self) -> LeaseExpiredError:
-        return LeaseExpiredError(self.lease.name, self.lease.holder, self.lease.generation,
-                                 self.lease.lease_until)
 
     def _lose(self, err: LeaseLostError, cancel_body: bool = True) -> None:
         """Declare the loss once: record it, stop both guards, stop the body."""

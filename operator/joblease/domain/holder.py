@@ -9,7 +9,13 @@ is decided once. The clients only move requests and wait.
   *local deadline* — the earliest local monotonic instant at which the API server's clock
   may reach ``leaseUntil - margin`` — or the refusal to follow a token it did not claim.
 * :func:`for_incarnation`: a decision that refuses another incarnation (uid) of the name.
-* :func:`renew_interval`, :func:`retry_delay`: the renewal cadence and its backoff.
+* :func:`renew_interval`, :func:`retry_delay`, :class:`RenewalPace`: the renewal cadence
+  and its backoff, as the renewer of either holding follows them.
+* :func:`loss_at_check`, :func:`expired_error`: what a holding declares when it looks
+  (``check()``, its watchdog) — written once because the two holdings' copies drifted.
+* :class:`HoldingState`: what both holdings know and answer without waiting (the token,
+  the loss, ``fail()``, the time left, the renewal pace); only their concurrency skeletons
+  (two threads and a condition; a task and a timer) are written twice.
 * :func:`seconds_until_claimable`: how long a waiting claimer sleeps.
 * :class:`HeldLease`, :class:`AsyncHeldLease`: what a holding (``sdk.hold``, ``aio.hold``)
   needs of the lease it guards — the seam that lets holdings depend on this module
@@ -19,12 +25,17 @@ is decided once. The clients only move requests and wait.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 from joblease.domain.clock import ServerClock, ServerNow
-from joblease.domain.errors import LeaseFinishedError, LeaseGoneError, LeaseLostError
+from joblease.domain.errors import (
+    LeaseExpiredError,
+    LeaseFinishedError,
+    LeaseGoneError,
+    LeaseLostError,
+)
 from joblease.domain.lease import Claim, Observed, Phase, Transition, add_time, decide_claim
 from joblease.domain.token import FencingToken
 
@@ -210,6 +221,124 @@ def retry_delay(failures: int) -> float:
     what is scarce; the watchdog bounds the whole episode at the deadline anyway.
     """
     return min(MAX_RETRY_DELAY, 0.05 * 2.0 ** min(failures, 5))
+
+
+@dataclass
+class RenewalPace:
+    """When a holding's renewer tries next: one schedule for the thread and the task.
+
+    The full interval after a success, a backoff after a transient failure, and never a
+    wait past the deadline.
+
+    Attributes:
+        interval: Seconds between successful renewals (:func:`renew_interval`).
+        failures: Transient failures so far (``renew_failures`` of the holdings).
+        delay: The wait before the next attempt, before the deadline's bound.
+    """
+
+    interval: float
+    failures: int = 0
+    delay: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.delay = self.interval
+
+    def pause(self, remaining: float) -> float:
+        """Seconds to wait before the next attempt, given ``remaining`` before the deadline."""
+        return max(0.0, min(self.delay, remaining))
+
+    def renewed(self) -> None:
+        """A renewal succeeded: the next one after the full interval."""
+        self.delay = self.interval
+
+    def failed(self) -> float:
+        """A renewal failed transiently: count it and back off; returns the new delay."""
+        self.failures += 1
+        self.delay = retry_delay(self.failures)
+        return self.delay
+
+
+LeaseT = TypeVar("LeaseT", bound=_LeaseState)
+
+
+class HoldingState(Generic[LeaseT]):
+    """The state of a holding that needs no waiting, shared by both holdings.
+
+    ``joblease.sdk.Holding`` (threads) and ``joblease.aio.AsyncLeaseHolding`` (a task and a
+    timer) add how they wait, renew and stop; what they know and answer is here, once.
+
+    Args:
+        lease: The held lease.
+        renew_fraction: Renew after this fraction of the lease's remaining time.
+        stop_before: Declare a lease that could not be renewed lost this many seconds
+            before its deadline.
+    """
+
+    def __init__(self, lease: LeaseT, renew_fraction: float, stop_before: float) -> None:
+        self.lease = lease
+        self.completed = False
+        self._loss: LeaseLostError | None = None
+        self._failed = False  # fail(): release as failed (an attempt) on exit
+        self._pace = RenewalPace(renew_interval(lease.remaining(), renew_fraction))
+        self._stop_before = max(0.0, stop_before)
+
+    @property
+    def token(self) -> FencingToken:
+        """The fencing token of the held claim (unchanged by renewals)."""
+        return self.lease.token
+
+    @property
+    def renew_failures(self) -> int:
+        """Renewals that failed transiently and were retried."""
+        return self._pace.failures
+
+    @property
+    def loss(self) -> LeaseLostError | None:
+        """Why the lease is lost (``StaleLeaseError``, ``LeaseExpiredError``, …), or ``None``.
+
+        The one answer to "is this hold lost, and why": set once, by whichever guard saw the
+        loss first, and never cleared. Read-only: a loss is declared, never assigned.
+        """
+        return self._loss
+
+    def fail(self) -> None:
+        """Mark the work as failed: on exit the lease is released as failed.
+
+        Counts an attempt towards ``spec.maxAttempts``, as an exception escaping the body
+        does; use it when the work failed without raising (``joblease run`` calls it for a
+        non-zero exit). No effect if the body completes the lease or it is lost.
+        """
+        self._failed = True
+
+    def remaining(self) -> float:
+        """Seconds until this holding declares the lease lost unless it is renewed."""
+        return self.lease.remaining() - self._stop_before
+
+    def _seen_at_check(self) -> LeaseLostError | None:
+        """The loss a ``check()`` must declare now (:func:`loss_at_check`), or ``None``."""
+        return loss_at_check(self.lease, self.remaining())
+
+    def _expired(self) -> LeaseExpiredError:
+        return expired_error(self.lease)
+
+
+def expired_error(lease: _LeaseState) -> LeaseExpiredError:
+    """The loss a holding declares once its local deadline passed without a renewal."""
+    return LeaseExpiredError(lease.name, lease.holder, lease.generation, lease.lease_until)
+
+
+def loss_at_check(lease: _LeaseState, remaining: float) -> LeaseLostError | None:
+    """What a holding's ``check()`` must declare now, or ``None``.
+
+    The loss the lease met outside the holding (a direct ``renew()`` refused) keeps its
+    reason; otherwise a lease no longer valid, or no time ``remaining`` for the holding
+    (``stop_before`` taken off), is an expiry.
+    """
+    if lease.loss is not None:
+        return lease.loss
+    if not lease.valid() or remaining <= 0:
+        return expired_error(lease)
+    return None
 
 
 def seconds_until_claimable(lease_until: datetime | None, margin: timedelta, now: ServerNow

@@ -26,7 +26,6 @@ from types import TracebackType
 
 from joblease.domain.errors import (
     LeaseError,
-    LeaseExpiredError,
     LeaseLostError,
     RenewalStoppedError,
 )
@@ -34,10 +33,9 @@ from joblease.domain.holder import (
     MAX_RETRY_DELAY,
     RENEW_FRACTION,
     HeldLease,
-    renew_interval,
+    HoldingState,
     retry_delay,
 )
-from joblease.domain.token import FencingToken
 from joblease.kube.api import ApiError
 
 # The renewal cadence and backoff are the holder's protocol, shared with joblease.aio.
@@ -46,7 +44,7 @@ __all__ = ["MAX_RETRY_DELAY", "RENEW_FRACTION", "AsyncHolding", "Holding",
 log = logging.getLogger("joblease.sdk")
 
 
-class Holding:
+class Holding(HoldingState[HeldLease]):
     """Keeps ``lease`` renewed from a background thread while the ``with`` body runs.
 
     Two threads guard the lease (issue 14, items 3 and 4):
@@ -82,51 +80,18 @@ class Holding:
 
     def __init__(self, lease: HeldLease, renew_fraction: float = RENEW_FRACTION, *,
                  stop_before: float = 0.0) -> None:
-        self.lease = lease
+        super().__init__(lease, renew_fraction, stop_before)
         self.lost = threading.Event()
-        self._loss: LeaseLostError | None = None
-        self.completed = False
-        self._failed = False  # fail(): release as failed (an attempt) on exit
-        self.renew_failures = 0  # renewals that failed transiently (retried)
         self._stop = threading.Event()
         self._moved = threading.Condition()  # the watchdog waits on it; notified on renew/stop
         self._lose_lock = threading.Lock()
         self._write_lock = threading.Lock()  # a renewal never races the completion
-        self._interval = renew_interval(lease.remaining(), renew_fraction)
-        self._stop_before = max(0.0, stop_before)
         self._threads = [
             threading.Thread(target=self._guard, args=(self._renew_loop,),
                              name=f"renew-{lease.name}", daemon=True),
             threading.Thread(target=self._guard, args=(self._watchdog,),
                              name=f"deadline-{lease.name}", daemon=True),
         ]
-
-    @property
-    def token(self) -> FencingToken:
-        """The fencing token of the held claim (unchanged by renewals)."""
-        return self.lease.token
-
-    @property
-    def loss(self) -> LeaseLostError | None:
-        """Why the lease is lost (``StaleLeaseError``, ``LeaseExpiredError``, …), or ``None``.
-
-        The one answer to "is this hold lost, and why": set once, by whichever guard saw the
-        loss first, and never cleared. Read-only: a loss is declared, never assigned.
-        """
-        return self._loss
-
-    def fail(self) -> None:
-        """Mark the work as failed: on exit the lease is released as failed.
-
-        Counts an attempt towards ``spec.maxAttempts``, as an exception escaping the body
-        does; use it when the work failed without raising (``joblease run`` calls it for a
-        non-zero exit). No effect if the body completes the lease or it is lost.
-        """
-        self._failed = True
-
-    def remaining(self) -> float:
-        """Seconds until this holding declares the lease lost unless it is renewed."""
-        return self.lease.remaining() - self._stop_before
 
     def check(self) -> None:
         """Raise the loss if the lease is lost; call it before every effect.
@@ -135,10 +100,9 @@ class Holding:
             LeaseLostError: the lease is lost (:attr:`loss`); stop producing effects.
         """
         if self._loss is None:
-            if self.lease.loss is not None:
-                self._lose(self.lease.loss)  # met outside the holding: keep its reason
-            elif not self.lease.valid() or self.remaining() <= 0:
-                self._lose(self._expired())
+            seen = self._seen_at_check()
+            if seen is not None:
+                self._lose(seen)
         if self._loss is not None:
             raise self._loss
 
@@ -217,8 +181,7 @@ class Holding:
             self._lose(self._expired())
 
     def _renew_loop(self) -> None:
-        delay = self._interval
-        while not self._stop.wait(max(0.0, min(delay, self.remaining()))):
+        while not self._stop.wait(self._pace.pause(self.remaining())):
             if self._loss is not None:
                 return
             if self.remaining() <= 0:
@@ -233,20 +196,15 @@ class Holding:
                 self._lose(err)
                 return
             except Exception as err:
-                self.renew_failures += 1
-                delay = retry_delay(self.renew_failures)
+                delay = self._pace.failed()
                 log.warning("JobLease %s: renewal failed (%s: %s); retrying in %.2fs, lost in "
                             "%.2fs unless one succeeds", self.lease.name, type(err).__name__,
                             err, delay, self.remaining())
                 continue
-            delay = self._interval
+            self._pace.renewed()
             with self._moved:
                 self._moved.notify_all()
             self.on_renewed()
-
-    def _expired(self) -> LeaseExpiredError:
-        return LeaseExpiredError(self.lease.name, self.lease.holder, self.lease.generation,
-                                 self.lease.lease_until)
 
     def _lose(self, err: LeaseLostError) -> None:
         with self._lose_lock:
