@@ -58,6 +58,10 @@ class ScriptedFeed:
     def stop(self) -> None:
         self.stopped.set()
 
+    def relist(self) -> None:
+        """Run the list step again now (with ``never_lists`` cleared: a late first list)."""
+        self.list_step(self.sink)
+
     def event(self, kind: str, name: str) -> None:
         """Deliver the fake server's current version of ``name`` as a watch event."""
         self.sink.apply(kind, Observed.from_object(self.api.stored("ns", name)))  # type: ignore[arg-type]

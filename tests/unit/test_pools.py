@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -52,14 +52,38 @@ class AsyncScriptedFeed(ScriptedFeed):
             self.stopped.set()
 
     def event(self, kind: str, name: str) -> None:
+        self._on_loop(lambda: ScriptedFeed.event(self, kind, name))
+
+    def relist(self) -> None:
+        self._on_loop(lambda: ScriptedFeed.relist(self))
+
+    def _on_loop(self, deliver: Callable[[], None]) -> None:
+        """Run ``deliver`` on the pool's loop, as its feed task would, and wait for it."""
         done = threading.Event()
 
-        def deliver() -> None:
-            super(AsyncScriptedFeed, self).event(kind, name)
+        def run() -> None:
+            deliver()
             done.set()
 
-        LOOP.loop.call_soon_threadsafe(deliver)
+        LOOP.loop.call_soon_threadsafe(run)
         assert done.wait(5)
+
+
+class Waiter:
+    """``pool.claim_next("w", **kwargs)`` in a thread of its own: a worker waiting for work."""
+
+    def __init__(self, pool: Any, **kwargs: Any) -> None:
+        self.got: list[Any] = []
+        self.start = time.monotonic()
+        self.thread = threading.Thread(
+            target=lambda: self.got.append(pool.claim_next("w", **kwargs)))
+        self.thread.start()
+
+    def result(self, seconds: float) -> Any:
+        """What the claim returned, waiting up to ``seconds`` for it to return."""
+        self.thread.join(seconds)
+        assert not self.thread.is_alive() and self.got, "the waiting claim did not return"
+        return self.got[0]
 
 
 class PoolView:
@@ -208,16 +232,13 @@ def test_a_waiting_claim_takes_what_the_watch_brings(
         kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     api = server(held_by_other("busy", 3600))
     pool, feed = pool_over(kind, api, pools, monkeypatch)
-    got: list[Any] = []
-    waiter = threading.Thread(target=lambda: got.append(pool.claim_next("w", timeout=10)))
-    start = time.monotonic()
-    waiter.start()
+    waiter = Waiter(pool, timeout=10)
     time.sleep(0.05)
     server(available("new"), api=api)
     feed.event("ADDED", "new")
-    waiter.join(10)
-    assert got and got[0] is not None and got[0].name == "new"
-    assert time.monotonic() - start < 5
+    got = waiter.result(10)
+    assert got is not None and got.name == "new"
+    assert time.monotonic() - waiter.start < 5
 
 
 def test_until_empty_returns_at_once_when_nothing_unfinished_is_left(
@@ -234,14 +255,11 @@ def test_closing_the_pool_releases_a_waiting_claim(
         kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     api = server(held_by_other("busy", 3600))
     pool, _ = pool_over(kind, api, pools, monkeypatch)
-    got: list[Any] = ["not returned"]
-    waiter = threading.Thread(target=lambda: got.__setitem__(0, pool.claim_next("w")))
-    waiter.start()
+    waiter = Waiter(pool)
     time.sleep(0.1)
     pool.close()
     pool.close()  # idempotent
-    waiter.join(5)
-    assert not waiter.is_alive() and got == [None]
+    assert waiter.result(5) is None
 
 
 def test_a_dead_watch_stops_the_claims_with_its_cause(
@@ -313,19 +331,14 @@ def test_a_list_that_arrives_while_a_claim_waits_is_used(
     monkeypatch.setattr(ScriptedFeed, "never_lists", True)
     api = server(available("a"))
     pool, feed = pool_over(kind, api, pools, monkeypatch)
-    got: list[Any] = []
-    waiter = threading.Thread(target=lambda: got.append(pool.claim_next("w", timeout=10)))
-    start = time.monotonic()
-    waiter.start()
+    waiter = Waiter(pool, timeout=10)
     time.sleep(0.1)
-    assert not got  # waiting for the first list
+    assert not waiter.got  # waiting for the first list
     monkeypatch.setattr(ScriptedFeed, "never_lists", False)
-    relist = feed.list_step if kind == "sync" else (
-        lambda sink: LOOP.loop.call_soon_threadsafe(feed.list_step, sink))
-    relist(feed.sink)
-    waiter.join(10)
-    assert got and got[0] is not None and got[0].name == "a"
-    assert time.monotonic() - start < 5
+    feed.relist()
+    got = waiter.result(10)
+    assert got is not None and got.name == "a"
+    assert time.monotonic() - waiter.start < 5
 
 
 # -- presence (joblease.core.presence) --------------------------------------------------------
