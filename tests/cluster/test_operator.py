@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 
 from joblease import Phase
+from joblease.controller.runtime import Operator
+from joblease.controller.settings import OperatorSettings
 from joblease.domain.lease import Observed
-from joblease.kube.api import NotFoundError
+from joblease.kube.api import MERGE_PATCH, NotFoundError
 from joblease.kube.leases import lease_path
 from joblease.sdk.client import LeaseClient
 from support.waiting import wait_for
@@ -131,3 +135,73 @@ def test_deleting_while_operator_runs_leaves_no_error(
     assert op.proc.poll() is None
     time.sleep(1.0)  # a pass of the reconcile loop over the deleted lease
     assert "Traceback" not in op.log.read_text()
+
+
+def conflicts() -> float:
+    return REGISTRY.get_sample_value("joblease_operator_conflicts_total") or 0.0
+
+
+def deletions() -> float:
+    return REGISTRY.get_sample_value("joblease_operator_writes_total", {"kind": "deleted"}) or 0.0
+
+
+def test_every_conflict_the_operator_meets_is_counted(
+        leases: LeaseClient, cluster: Any) -> None:
+    """A real 409 from the real API server moves ``joblease_operator_conflicts_total``.
+
+    The operator runs in this process (its view fed by hand instead of kopf's watch), so
+    the test controls what it knows: each time it is given a version that a foreign write
+    (a label) has already replaced, and its conditional write must meet a 409 — first an
+    initialization (a status compare-and-swap through ``transact``), then a TTL deletion
+    (a DELETE with resourceVersion preconditions). Issue 31: the counter was defined,
+    documented and plotted, and nothing incremented it.
+    """
+    ns = leases.namespace
+
+    def touch() -> dict[str, Any]:
+        """A write the operator's view never hears of: the object's next version."""
+        return leases.api.request("PATCH", lease_path(ns, "job"),
+                                  {"metadata": {"labels": {"touched": str(time.time_ns())}}},
+                                  content_type=MERGE_PATCH).body
+
+    async def wait(condition: Callable[[], object], what: str, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> tuple[float, float, float]:
+        settings = OperatorSettings(namespaces=(ns,), writers=1, metrics_port=0,
+                                    kubeconfig=str(cluster.kubeconfig_for("admin")))
+        op = Operator(settings)
+        await op.start()
+        try:
+            leases.store.create(ns, "job", {"leaseDurationSeconds": 5,
+                                            "ttlSecondsAfterFinished": 1})
+            stale = raw(leases, "job")
+            touch()
+            before = conflicts()
+            op.observe_lease({"type": "ADDED", "object": stale})
+            await wait(lambda: leases.get("job").has_status, "the initialization")
+            initialization = conflicts() - before
+            leases.claim("job", holder="a").complete("done")
+            finished = raw(leases, "job")
+            touch()
+            before = conflicts()
+            op.observe_lease({"type": "MODIFIED", "object": finished})
+            await wait(lambda: conflicts() > before, "the refused TTL deletion", timeout=15)
+            deletion = conflicts() - before
+            deleted = deletions()
+            op.observe_lease({"type": "MODIFIED", "object": raw(leases, "job")})
+            await wait(lambda: op.view.snapshot() == [], "the TTL deletion from the fresh view")
+            deleted = deletions() - deleted
+        finally:
+            await op.stop()
+        return initialization, deletion, deleted
+
+    initialization, deletion, deleted = asyncio.run(scenario())
+    assert deleted == 1  # joblease_operator_writes_total{kind="deleted"}
+    assert initialization == 1  # one 409, then a fresh read and the write that succeeded
+    assert deletion >= 1  # one per pass until the view is fresh
+    with pytest.raises(NotFoundError):
+        raw(leases, "job")

@@ -67,3 +67,40 @@ def test_heartbeat_sets_the_last_pass_gauge_without_a_file() -> None:
     Heartbeat(None).beat()
     value = REGISTRY.get_sample_value("joblease_operator_last_pass_timestamp_seconds")
     assert value is not None and started <= value <= time.time()
+
+
+def test_every_pass_sets_the_phase_gauge_to_the_views_counts() -> None:
+    """``joblease_leases{phase}`` (the dashboard's "JobLeases by phase") follows the view."""
+    from joblease.controller.reconciler import LeaseView, Reconciler
+    from support.memstore import MemoryStore
+
+    view = LeaseView()
+    future = datetime.now(UTC) + timedelta(days=1)
+    for name, phase in (("h1", Phase.HELD), ("h2", Phase.HELD), ("c", Phase.COMPLETED)):
+        view.put(lease(name, phase, future if phase is Phase.HELD else None))
+    reconciler = Reconciler(MemoryStore(), view, timedelta(0), writers=1)  # type: ignore[arg-type]
+    reconciler.pass_once()
+
+    def gauge(phase: Phase) -> float | None:
+        return REGISTRY.get_sample_value("joblease_leases", {"phase": phase.value})
+
+    assert [gauge(p) for p in (Phase.HELD, Phase.COMPLETED, Phase.EXPIRED)] == [2, 1, 0]
+    view.drop("ns", "h2", "uid-h2")
+    reconciler.pass_once()
+    assert gauge(Phase.HELD) == 1
+
+
+def test_the_scraped_overdue_gauges_are_the_watched_views() -> None:
+    """What Prometheus reads, not only ``measure()``: the registered collector's samples."""
+    late = [lease("late", Phase.HELD, T0 - timedelta(seconds=7))]
+
+    def source() -> list[Observed]:
+        return late
+
+    metrics.OVERDUE.watch(source, lambda: ServerNow(T0, T0))
+    try:
+        assert REGISTRY.get_sample_value("joblease_leases_overdue") == 1
+        assert REGISTRY.get_sample_value("joblease_lease_overdue_max_seconds") == 7
+    finally:
+        metrics.OVERDUE.unwatch(source)
+    assert REGISTRY.get_sample_value("joblease_leases_overdue") == 0

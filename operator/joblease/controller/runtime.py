@@ -67,9 +67,10 @@ class Operator:
         margin = settings.margin + timedelta(seconds=error)
         self.events = EventPoster(LeaseStore(api))
         metrics.OVERDUE.watch(self.view.snapshot, api.server_now)
-        self.reconciler = Reconciler(LeaseStore(api), self.view, margin, events=self.events,
+        leases = LeaseStore(api, on_conflict=metrics.CONFLICTS.inc)  # every write's 409 counted
+        self.reconciler = Reconciler(leases, self.view, margin, events=self.events,
                                      writers=settings.writers)
-        self.delegator = Delegator(LeaseStore(api), PodStore(api), self.view, self.pods,
+        self.delegator = Delegator(leases, PodStore(api), self.view, self.pods,
                                    margin, announce=self.reconciler.announce)
         self._tasks = [
             asyncio.create_task(_loop(self.reconciler.pass_once, self.heartbeat.beat),

@@ -18,7 +18,8 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from joblease.domain.errors import LeaseNotFoundError, format_time
 from joblease.domain.lease import LeaseStatus, Observed
-from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, NotFoundError
+from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, ConflictError, NotFoundError
+from joblease.kube.requests import Response
 from joblease.kube.transport import Transport
 
 GROUP = "joblease.dev"
@@ -148,10 +149,32 @@ class EventSubject(Protocol):
 
 
 class LeaseStore:
-    """JobLease objects through one transport (``KubeApi``: one identity, one clock estimate)."""
+    """JobLease objects through one transport (``KubeApi``: one identity, one clock estimate).
 
-    def __init__(self, api: Transport) -> None:
+    Args:
+        api: The transport every request goes through.
+        on_conflict: Called on every 409 the API server answers (then the ``ConflictError``
+            propagates as before). The operator counts its conflicts with it
+            (``joblease_operator_conflicts_total``): every request of the store goes through
+            :meth:`_send`, so no write — a status compare-and-swap in ``transact`` or a
+            conditional TTL delete — can meet a 409 uncounted.
+    """
+
+    def __init__(self, api: Transport, on_conflict: Callable[[], None] | None = None) -> None:
         self.api = api
+        self._on_conflict = on_conflict
+
+    def _send(self, method: str, path: str, body: Any = None, *,
+              query: dict[str, str] | None = None, content_type: str | None = None,
+              timeout: float = DEFAULT_TIMEOUT) -> Response:
+        """Send one request; report a 409 to ``on_conflict`` before it propagates."""
+        try:
+            return self.api.request(method, path, body, query=query,
+                                    content_type=content_type, timeout=timeout)
+        except ConflictError:
+            if self._on_conflict is not None:
+                self._on_conflict()
+            raise
 
     def get(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT) -> Observed:
         """Read one JobLease.
@@ -169,15 +192,15 @@ class LeaseStore:
             ApiError: any other refusal; ``UnavailableError`` for no answer.
         """
         try:
-            body = self.api.request(call.method, call.path, call.body, query=call.query,
-                                    content_type=call.content_type, timeout=timeout).body
+            body = self._send(call.method, call.path, call.body, query=call.query,
+                              content_type=call.content_type, timeout=timeout).body
         except NotFoundError as err:
             raise call.missing(err) from err
         return call.parse(body)
 
     def list(self, namespace: str | None = None) -> list[Observed]:
         """List JobLeases in one namespace, or in all."""
-        items = self.api.request("GET", lease_path(namespace)).body.get("items", [])
+        items = self._send("GET", lease_path(namespace)).body.get("items", [])
         return [Observed.from_object(item) for item in items]
 
     def list_objects(self, namespace: str | None = None, label_selector: str | None = None,
@@ -226,8 +249,8 @@ class LeaseStore:
         """
         selector = (f"involvedObject.name={observed.name},involvedObject.uid={observed.uid},"
                     f"involvedObject.kind={KIND}")
-        body = self.api.request("GET", f"/api/v1/namespaces/{observed.namespace}/events",
-                                query={"fieldSelector": selector}, timeout=timeout).body
+        body = self._send("GET", f"/api/v1/namespaces/{observed.namespace}/events",
+                          query={"fieldSelector": selector}, timeout=timeout).body
         events: builtins.list[dict[str, Any]] = body.get("items", [])
         return sorted(events, key=event_time)
 
@@ -249,11 +272,15 @@ class LeaseStore:
         return self.call(status_write_call(observed, status), timeout)
 
     def delete_if_unchanged(self, observed: Observed) -> None:
-        """Delete only the exact version decided from (uid and resourceVersion preconditions)."""
+        """Delete only the exact version decided from (uid and resourceVersion preconditions).
+
+        Raises:
+            ConflictError: the object changed since ``observed`` (409): decide again.
+        """
         body = {"kind": "DeleteOptions", "apiVersion": "v1",
                 "preconditions": {"uid": observed.uid,
                                   "resourceVersion": observed.resource_version}}
-        self.api.request("DELETE", lease_path(observed.namespace, observed.name), body)
+        self._send("DELETE", lease_path(observed.namespace, observed.name), body)
 
     def post_event(self, observed: EventSubject, type_: str, reason: str, message: str,
                    component: str = "joblease-operator") -> None:
@@ -271,7 +298,7 @@ class LeaseStore:
             "reportingInstance": f"{socket.gethostname()}-{os.getpid()}",
             "firstTimestamp": now, "lastTimestamp": now, "count": 1,
         }
-        self.api.request("POST", f"/api/v1/namespaces/{observed.namespace}/events", body)
+        self._send("POST", f"/api/v1/namespaces/{observed.namespace}/events", body)
 
 
 def event_time(event: dict[str, Any]) -> str:
