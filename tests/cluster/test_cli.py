@@ -131,3 +131,31 @@ def test_identity_holder_is_the_authenticated_username(cluster: Any, leases: Lea
     released = cli(cluster, leases.namespace, "release", "job", "--holder", "@identity",
                    "--token", json.loads(claimed.stdout)["token"], user="alice")
     assert released.returncode == 0, released.stderr
+
+
+def test_bad_input_is_refused_with_its_reason_before_anything_is_written(
+        cluster: Any, leases: LeaseClient) -> None:
+    """Issue 31, tried against a real API server: each of these used to do something.
+
+    ``--wait -1`` claimed as "no wait", ``--holder ''`` claimed as the default identity, a
+    namespace with a space answered "URL can't contain control characters", a malformed
+    selector ended ``work`` with a progress line. Now: exit 2, one line, nothing written.
+    """
+    ns = leases.namespace
+    leases.store.create(ns, "job", {"leaseDurationSeconds": 30})
+    version = leases.get("job").resource_version
+    cases = [
+        (("claim", "job", "--wait", "-1"), "--wait: must be 0 or more seconds"),
+        (("claim", "job", "--holder", ""), "--holder: must not be empty"),
+        (("get", "job", "-n", "a b"), "-n/--namespace: not a namespace name"),
+        (("work", "-l", "batch in (a,", "--", "true"), "not a label selector"),
+        (("ls", "-l", "a b"), "not a label selector"),
+        (("run", "--lease", "Job", "--", "true"), "--lease: not a JobLease name"),
+    ]
+    for args, reason in cases:
+        out = cli(cluster, ns, *args)
+        assert out.returncode == 2, (args, out.stderr)
+        assert out.stderr.count("\n") == 1 and reason in out.stderr, (args, out.stderr)
+        assert out.stdout == "", (args, out.stdout)
+    assert leases.get("job").resource_version == version  # nothing was written
+    assert leases.get("job").status.holder in ("", None)

@@ -83,7 +83,7 @@ class FakeKubeApi:
                 return Response(200, copy.deepcopy(result), 0.0, 0.0)
             self.requests.append((method, path))
             self.request_clock.append(self._monotonic)
-            result = self._handle(method, path, body, content_type)
+            result = self._handle(method, path, body, content_type, query)
             return Response(200, copy.deepcopy(result), 0.0, 0.0)
 
     # -- test helpers ---------------------------------------------------------------------
@@ -131,11 +131,16 @@ class FakeKubeApi:
         self.presence[key] = merge_patch(self.presence[key], body)
         return self.presence[key]
 
-    def _handle(self, method: str, path: str, body: Any, content_type: str | None) -> Any:
+    def _handle(self, method: str, path: str, body: Any, content_type: str | None,
+                query: dict[str, str] | None = None) -> Any:
         parts = path.strip("/").split("/")
         if method == "POST" and parts[-1] == "events":
             self.events.append(copy.deepcopy(body))
             return body
+        if method == "GET" and parts[-1] == "events":
+            return {"items": self._events_about(parts[3], (query or {}).get("fieldSelector"))}
+        if method == "GET" and parts[-1] == "jobleases":
+            return self._list(parts[4] if len(parts) == 6 else None, query or {})
         # /apis/joblease.dev/v1alpha1/namespaces/NS/jobleases/NAME[/status]
         namespace, name = parts[4], parts[6]
         key = (namespace, name)
@@ -166,6 +171,33 @@ class FakeKubeApi:
             del self.objects[key]
             return {"status": "Success"}
         raise AssertionError(f"unexpected request {method} {path}")
+
+
+    def _events_about(self, namespace: str, field_selector: str | None) -> list[dict[str, Any]]:
+        """Posted Events of ``namespace`` matching ``involvedObject.*=…`` terms."""
+        wanted = dict(term.split("=", 1) for term in (field_selector or "").split(",") if term)
+        return [copy.deepcopy(e) for e in self.events
+                if e["metadata"].get("namespace", namespace) == namespace
+                and all(str(e["involvedObject"].get(k.removeprefix("involvedObject."))) == v
+                        for k, v in wanted.items())]
+
+    def _list(self, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
+        """A page of JobLeases: ``key=value`` label terms, ``status.phase=`` only, ``limit``.
+
+        The ``continue`` token is the offset of the next page in name order.
+        """
+        labels = dict(t.split("=", 1) for t in query.get("labelSelector", "").split(",") if t)
+        phase = query.get("fieldSelector", "").removeprefix("status.phase=") or None
+        matching = [obj for (ns, _), obj in sorted(self.objects.items())
+                    if namespace in (None, ns)
+                    and all(obj["metadata"].get("labels", {}).get(k) == v
+                            for k, v in labels.items())
+                    and (phase is None or obj.get("status", {}).get("phase") == phase)]
+        start, limit = int(query.get("continue") or 0), int(query.get("limit") or 500)
+        rest = start + limit < len(matching)
+        return {"items": matching[start:start + limit],
+                "metadata": {"resourceVersion": self.next_revision(),
+                             "continue": str(start + limit) if rest else ""}}
 
 
 def lease_object(name: str, status: dict[str, Any] | None = None, namespace: str = "ns",

@@ -542,3 +542,78 @@ def test_a_renewal_the_servers_clock_may_already_see_as_too_late_is_refused(kind
         else:
             lease.renew()
             assert lease.lease_until == T_NOW + timedelta(seconds=19.6)
+
+
+# -- the reads a display needs (the CLI's ls, describe and work use only these) -------------
+
+def labelled(api: FakeKubeApi, name: str, phase: str, namespace: str = "ns",
+             **labels: str) -> dict[str, Any]:
+    obj = lease_object(name, {"phase": phase}, namespace=namespace)
+    obj["metadata"]["labels"] = labels
+    return api.put_object(obj)
+
+
+def test_list_objects_reads_every_page_of_the_selector_in_one_or_all_namespaces(
+        kind: str) -> None:
+    api = FakeKubeApi()
+    for i in range(502):  # a page is 500: two pages, stitched
+        labelled(api, f"job-{i:03}", "Available", batch="b1")
+    labelled(api, "other", "Available", batch="b2")
+    labelled(api, "elsewhere", "Held", namespace="ns2", batch="b1")
+    client = client_over(kind, api)
+    objects = client.list_objects("batch=b1")
+    assert len(objects) == 502 and all(o["metadata"]["labels"] == {"batch": "b1"}
+                                       for o in objects)
+    assert [m for m, p in api.requests if p.endswith("/namespaces/ns/jobleases")] == ["GET"] * 2
+    assert {o["metadata"]["name"] for o in client.list_objects("batch=b1", all_namespaces=True)
+            } >= {"elsewhere", "job-501"}
+    assert len(client.list_objects()) == 503
+
+
+def test_count_selects_by_phase_on_the_server(kind: str) -> None:
+    api = FakeKubeApi()
+    for name, phase in (("a", "Failed"), ("b", "Failed"), ("c", "Completed"), ("d", "Held")):
+        labelled(api, name, phase, batch="b1")
+    labelled(api, "x", "Failed", batch="b2")
+    client = client_over(kind, api)
+    from joblease.domain.lease import Phase
+
+    assert client.count("batch=b1", phase=Phase.FAILED) == 2
+    assert client.count("batch=b1") == 4
+    assert client.count(phase=Phase.FAILED) == 3
+
+
+def test_get_object_is_the_stored_object_and_a_missing_one_is_not_found(kind: str) -> None:
+    api, client = client_for(kind)
+    raw = client.get_object("job")
+    assert raw == api.stored("ns", "job")
+    from joblease.domain.errors import LeaseNotFoundError
+
+    with pytest.raises(LeaseNotFoundError):
+        client.get_object("nope")
+
+
+def test_events_are_this_objects_by_name_and_uid_oldest_first(kind: str) -> None:
+    from joblease.kube.leases import LeaseStore
+
+    api, client = client_for(kind)
+    obs = client.get("job")
+    store = LeaseStore(api)  # type: ignore[arg-type]
+    for when, reason in (("2026-12-03T12:00:02Z", "Claimed"), ("2026-12-03T12:00:01Z", "Created")):
+        api.now = ServerNow.exact(T_NOW)
+        store.post_event(obs, "Normal", reason, "m")
+        api.events[-1]["lastTimestamp"] = when
+    store.post_event(replace_uid(obs, "uid-of-a-predecessor"), "Normal", "Expired", "m")
+    assert [e["reason"] for e in client.events(obs)] == ["Created", "Claimed"]
+
+
+def replace_uid(obs: Any, uid: str) -> Any:
+    from dataclasses import replace
+
+    return replace(obs, uid=uid)
+
+
+def test_server_now_is_the_clock_estimate(kind: str) -> None:
+    api, client = client_for(kind)
+    later(api, 3, error=0.2)
+    assert client.server_now() == api.now

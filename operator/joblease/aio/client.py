@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 from types import TracebackType
+from typing import Any
 
 from joblease.aio.hold import AsyncLeaseHolding
 from joblease.aio.pool import AsyncPool
@@ -20,7 +21,7 @@ from joblease.core.asteps import AsyncPort, adrive
 from joblease.core.ops import ClientCore, LeaseCore
 from joblease.domain.clock import ServerNow
 from joblease.domain.holder import DEFAULT_MARGIN, RENEW_FRACTION
-from joblease.domain.lease import Observed
+from joblease.domain.lease import Observed, Phase
 from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
 from joblease.kube.aioapi import AsyncKubeApi
@@ -144,6 +145,34 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
             LeaseNotFoundError: no such JobLease.
         """
         return await self.store.get(self.namespace, name)
+
+    async def get_object(self, name: str) -> dict[str, Any]:
+        """The JobLease as the API server stores it (metadata, spec, status), for displays.
+
+        Raises:
+            LeaseNotFoundError: no such JobLease.
+        """
+        return await self.store.get_object(self.namespace, name)
+
+    async def events(self, lease: Observed) -> list[dict[str, Any]]:
+        """The Kubernetes Events about this very JobLease (its name and uid), oldest first."""
+        return await self.store.events_for(lease)
+
+    async def list_objects(self, selector: str | None = None, *, all_namespaces: bool = False
+                           ) -> list[dict[str, Any]]:
+        """Every JobLease of the label ``selector`` as stored, in this namespace or in all."""
+        namespace = None if all_namespaces else self.namespace
+        return await self.store.list_objects(namespace, selector)
+
+    async def count(self, selector: str | None = None, *, phase: Phase | None = None) -> int:
+        """How many JobLeases of the label ``selector`` are in ``phase`` (any phase if None)."""
+        fields = None if phase is None else f"status.phase={phase.value}"
+        return len(await self.store.list_objects(self.namespace, selector,
+                                                 field_selector=fields))
+
+    async def server_now(self) -> ServerNow:
+        """The API server's time now, as an interval (the estimate; no request if known)."""
+        return await self.api.server_now()
 
     async def claim(self, name: str, holder: str | None = None, *,
                     observed: Observed | None = None, claim_id: str | None = None,

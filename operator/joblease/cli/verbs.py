@@ -76,6 +76,10 @@ def held(args: argparse.Namespace) -> int:
               "printed by claim), or --epoch and --generation; a generation alone could "
               "match another incarnation of the JobLease", file=sys.stderr)
         return EXIT_USAGE
+    if args.token is not None and (args.epoch is not None or args.generation is not None):
+        print(f"joblease {args.verb}: give the token once: --token EPOCH/GENERATION, or "
+              "--epoch and --generation, not both", file=sys.stderr)
+        return EXIT_USAGE
     token = args.token or FencingToken(args.epoch, args.generation)
     client = _client(args, calibrate=True)
     lease = client.resume(args.name, args.holder, token, args.claim_id)
@@ -150,6 +154,7 @@ def work(args: argparse.Namespace) -> int:
     """``work -l SELECTOR -- CMD``: a pool worker (``joblease.worker_pool``)."""
     import signal
 
+    from joblease.domain.lease import Phase
     from joblease.worker_pool import WorkOptions, WorkPool
     command = _command(args, "joblease work -l SELECTOR -- CMD ARGS…")
     if not command:
@@ -162,7 +167,7 @@ def work(args: argparse.Namespace) -> int:
                           holder=args.holder, progress_every=args.progress_every)
 
     def count_failed() -> int:  # the Failed ones only, selected by the server
-        return client.store.count(args.namespace, args.selector, "status.phase=Failed")
+        return client.count(args.selector, phase=Phase.FAILED)
 
     worker = WorkPool(pool, options, count_failed=count_failed)
     previous = {sig: signal.signal(sig, lambda _s, _f: worker.drain())
@@ -180,10 +185,10 @@ def ls(args: argparse.Namespace) -> int:
     """``ls``/``top``: an overview of the JobLeases of a selector (``view.overview``)."""
     from joblease.cli import view as cli_view
     client = _client(args, calibrate=False)
-    namespace = None if args.all_namespaces else args.namespace
-    objects = client.store.list_objects(namespace, args.selector)
-    data = cli_view.overview(objects, client.api.server_now(), top=args.top,
-                             selector=args.selector, namespace=namespace)
+    objects = client.list_objects(args.selector, all_namespaces=args.all_namespaces)
+    data = cli_view.overview(objects, client.server_now(), top=args.top,
+                             selector=args.selector,
+                             namespace=None if args.all_namespaces else args.namespace)
     _print(args, data, cli_view.render_overview(data))
     return EXIT_OK
 
@@ -191,17 +196,11 @@ def ls(args: argparse.Namespace) -> int:
 def describe(args: argparse.Namespace) -> int:
     """``describe NAME``: one JobLease in detail, with its last Events."""
     from joblease.cli import view as cli_view
-    from joblease.domain.errors import LeaseNotFoundError
     from joblease.domain.lease import Observed
-    from joblease.kube.api import NotFoundError
-    from joblease.kube.leases import lease_path
     client = _client(args, calibrate=False)
-    try:
-        raw = client.api.request("GET", lease_path(args.namespace, args.name)).body
-    except NotFoundError as err:
-        raise LeaseNotFoundError(args.name, args.namespace) from err
-    events = client.store.events_for(Observed.from_object(raw))
-    data = cli_view.describe(raw, events, client.api.server_now(), last_events=args.events)
+    raw = client.get_object(args.name)
+    events = client.events(Observed.from_object(raw))
+    data = cli_view.describe(raw, events, client.server_now(), last_events=args.events)
     _print(args, data, cli_view.render_describe(data))
     return EXIT_OK
 

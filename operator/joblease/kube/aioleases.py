@@ -13,7 +13,17 @@ from typing import Any, TypeVar
 
 from joblease.domain.lease import LeaseStatus, Observed
 from joblease.kube.api import DEFAULT_TIMEOUT, NotFoundError
-from joblease.kube.leases import LeaseCall, create_call, read_call, status_write_call
+from joblease.kube.leases import (
+    EventSubject,
+    LeaseCall,
+    LeaseCalls,
+    create_call,
+    events_call,
+    list_objects_calls,
+    object_call,
+    read_call,
+    status_write_call,
+)
 from joblease.kube.transport import AsyncTransport
 
 T = TypeVar("T")
@@ -39,6 +49,38 @@ class AsyncLeaseStore:
         except NotFoundError as err:
             raise call.missing(err) from err
         return call.parse(response.body)
+
+    async def run(self, calls: LeaseCalls[T], timeout: float = DEFAULT_TIMEOUT) -> T:
+        """Perform a sans-IO read of several requests (``LeaseCalls``) to its end."""
+        answer: Any = None
+        while True:
+            try:
+                call = calls.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            answer = await self.call(call, timeout)
+
+    async def get_object(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT
+                         ) -> dict[str, Any]:
+        """One JobLease as stored (``object_call``).
+
+        Raises:
+            LeaseNotFoundError: it does not exist.
+        """
+        return await self.call(object_call(namespace, name), timeout)
+
+    async def list_objects(self, namespace: str | None = None,
+                           label_selector: str | None = None, page_size: int = 500,
+                           timeout: float = DEFAULT_TIMEOUT, field_selector: str | None = None
+                           ) -> list[dict[str, Any]]:
+        """Every JobLease object (raw) matching the selectors, paginated (as ``LeaseStore``)."""
+        return await self.run(list_objects_calls(namespace, label_selector, field_selector,
+                                                 page_size), timeout)
+
+    async def events_for(self, observed: EventSubject, timeout: float = DEFAULT_TIMEOUT
+                         ) -> list[dict[str, Any]]:
+        """The core/v1 Events about this very JobLease, oldest first (``events_call``)."""
+        return await self.call(events_call(observed), timeout)
 
     async def get(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT
                   ) -> Observed:

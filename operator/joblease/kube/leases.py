@@ -12,7 +12,7 @@ from __future__ import annotations
 import builtins
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -126,6 +126,55 @@ def list_call(namespace: str | None, label_selector: str | None = None,
     return LeaseCall("GET", lease_path(namespace), _page, query=query)
 
 
+LeaseCalls = Generator[LeaseCall[Any], Any, T]
+"""A read of several requests as a sans-IO loop: it yields each :class:`LeaseCall` and
+receives its parsed answer. ``LeaseStore.run`` and ``AsyncLeaseStore.run`` perform it, so
+the thread and the asyncio client page through a list with the same code."""
+
+
+def object_call(namespace: str, name: str) -> LeaseCall[dict[str, Any]]:
+    """Read one JobLease as the API server returns it (metadata, spec and status), for displays.
+
+    A 404 is ``LeaseNotFoundError``, as for :func:`read_call`.
+    """
+    return LeaseCall("GET", lease_path(namespace, name), dict, lease=(namespace, name))
+
+
+def events_call(observed: EventSubject) -> LeaseCall[builtins.list[dict[str, Any]]]:
+    """The core/v1 Events about this very JobLease (name *and* uid), oldest first.
+
+    Matching the uid too keeps Events of an earlier, deleted JobLease of the same name
+    (which live on for the Event TTL, an hour by default) out of its successor's story.
+    """
+    selector = (f"involvedObject.name={observed.name},involvedObject.uid={observed.uid},"
+                f"involvedObject.kind={KIND}")
+    return LeaseCall("GET", f"/api/v1/namespaces/{observed.namespace}/events", _events,
+                     query={"fieldSelector": selector})
+
+
+def _events(body: dict[str, Any]) -> builtins.list[dict[str, Any]]:
+    return sorted(body.get("items") or [], key=event_time)
+
+
+def list_objects_calls(namespace: str | None, label_selector: str | None = None,
+                       field_selector: str | None = None, page_size: int = 500
+                       ) -> LeaseCalls[builtins.list[dict[str, Any]]]:
+    """Every JobLease object (raw) matching both selectors, a page of ``page_size`` at a time.
+
+    Pages keep one huge namespace from becoming one huge response; the API server's
+    ``continue`` token stitches them into one consistent snapshot.
+    """
+    items: builtins.list[dict[str, Any]] = []
+    token = ""
+    while True:
+        page: Page = yield list_call(namespace, label_selector, page_size, token,
+                                     field_selector)
+        items.extend(page.items)
+        token = page.next_token
+        if not token:
+            return items
+
+
 def _page(body: dict[str, Any]) -> Page:
     meta = body.get("metadata") or {}
     return Page(list(body.get("items") or []), str(meta.get("resourceVersion") or ""),
@@ -203,24 +252,35 @@ class LeaseStore:
         items = self._send("GET", lease_path(namespace)).body.get("items", [])
         return [Observed.from_object(item) for item in items]
 
+    def run(self, calls: LeaseCalls[T], timeout: float = DEFAULT_TIMEOUT) -> T:
+        """Perform a sans-IO read of several requests (:data:`LeaseCalls`) to its end."""
+        answer: Any = None
+        while True:
+            try:
+                call = calls.send(answer)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            answer = self.call(call, timeout)
+
+    def get_object(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT
+                   ) -> dict[str, Any]:
+        """One JobLease as stored (:func:`object_call`).
+
+        Raises:
+            LeaseNotFoundError: it does not exist.
+        """
+        return self.call(object_call(namespace, name), timeout)
+
     def list_objects(self, namespace: str | None = None, label_selector: str | None = None,
-                     page_size: int = 500, timeout: float = DEFAULT_TIMEOUT
-                     ) -> builtins.list[dict[str, Any]]:
-        """Every JobLease object (raw, with metadata) matching a label selector, paginated.
+                     page_size: int = 500, timeout: float = DEFAULT_TIMEOUT,
+                     field_selector: str | None = None) -> builtins.list[dict[str, Any]]:
+        """Every JobLease object (raw, with metadata) matching the selectors, paginated.
 
         Raw objects, not ``Observed``: an overview needs metadata the protocol does not
-        (labels, ``creationTimestamp``). Pages of ``page_size`` keep one huge namespace from
-        becoming one huge response; the API server's ``continue`` token stitches them into
-        one consistent snapshot.
+        (labels, ``creationTimestamp``). See :func:`list_objects_calls`.
         """
-        items: builtins.list[dict[str, Any]] = []
-        token = ""
-        while True:
-            page = self.call(list_call(namespace, label_selector, page_size, token), timeout)
-            items.extend(page.items)
-            token = page.next_token
-            if not token:
-                return items
+        return self.run(list_objects_calls(namespace, label_selector, field_selector,
+                                           page_size), timeout)
 
     def count(self, namespace: str | None, label_selector: str | None = None,
               field_selector: str | None = None, page_size: int = 500,
@@ -231,28 +291,13 @@ class LeaseStore:
         (``status.phase=Failed``, a selectable field): a full list of a 10,000-job batch
         took 31.7 s at its exit (issue 22).
         """
-        total, token = 0, ""
-        while True:
-            page = self.call(list_call(namespace, label_selector, page_size, token,
-                                       field_selector), timeout)
-            total += len(page.items)
-            token = page.next_token
-            if not token:
-                return total
+        return len(self.list_objects(namespace, label_selector, page_size, timeout,
+                                     field_selector))
 
-    def events_for(self, observed: Observed, timeout: float = DEFAULT_TIMEOUT
+    def events_for(self, observed: EventSubject, timeout: float = DEFAULT_TIMEOUT
                    ) -> builtins.list[dict[str, Any]]:
-        """The core/v1 Events about this very JobLease (name *and* uid), oldest first.
-
-        Matching the uid too keeps Events of an earlier, deleted JobLease of the same name
-        (which live on for the Event TTL, an hour by default) out of its successor's story.
-        """
-        selector = (f"involvedObject.name={observed.name},involvedObject.uid={observed.uid},"
-                    f"involvedObject.kind={KIND}")
-        body = self._send("GET", f"/api/v1/namespaces/{observed.namespace}/events",
-                          query={"fieldSelector": selector}, timeout=timeout).body
-        events: builtins.list[dict[str, Any]] = body.get("items", [])
-        return sorted(events, key=event_time)
+        """The core/v1 Events about this very JobLease, oldest first (:func:`events_call`)."""
+        return self.call(events_call(observed), timeout)
 
     def create(self, namespace: str, name: str, spec: dict[str, Any] | None = None,
                labels: dict[str, str] | None = None) -> Observed:

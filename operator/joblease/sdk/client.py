@@ -12,12 +12,13 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta
 from types import TracebackType
+from typing import Any
 
 from joblease.core.ops import ClientCore, LeaseCore
 from joblease.core.steps import SyncPort, drive
 from joblease.domain.clock import ServerNow
 from joblease.domain.holder import DEFAULT_MARGIN, IDENTITY_HOLDER
-from joblease.domain.lease import Observed
+from joblease.domain.lease import Observed, Phase
 from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
 from joblease.kube.api import KubeApi
@@ -165,6 +166,40 @@ class LeaseClient(ClientCore["Lease"]):
     def get(self, name: str) -> Observed:
         """Read a JobLease."""
         return self.store.get(self.namespace, name)
+
+    def get_object(self, name: str) -> dict[str, Any]:
+        """The JobLease as the API server stores it (metadata, spec, status), for displays.
+
+        Raises:
+            LeaseNotFoundError: no such JobLease.
+        """
+        return self.store.get_object(self.namespace, name)
+
+    def events(self, lease: Observed) -> list[dict[str, Any]]:
+        """The Kubernetes Events about this very JobLease (its name and uid), oldest first."""
+        return self.store.events_for(lease)
+
+    def list_objects(self, selector: str | None = None, *, all_namespaces: bool = False
+                     ) -> list[dict[str, Any]]:
+        """Every JobLease of the label ``selector`` as stored, in this namespace or in all.
+
+        Read in pages of 500, stitched by the API server into one consistent snapshot.
+        """
+        namespace = None if all_namespaces else self.namespace
+        return self.store.list_objects(namespace, selector)
+
+    def count(self, selector: str | None = None, *, phase: Phase | None = None) -> int:
+        """How many JobLeases of the label ``selector`` are in ``phase`` (any phase if None).
+
+        The phase is a field selector: only the matches travel (``work --until-empty``
+        counts a 10,000-job batch's Failed ones this way).
+        """
+        fields = None if phase is None else f"status.phase={phase.value}"
+        return self.store.count(self.namespace, selector, fields)
+
+    def server_now(self) -> ServerNow:
+        """The API server's time now, as an interval (the estimate; no request if known)."""
+        return self.api.server_now()
 
     def claim(self, name: str, holder: str | None = None, *,
               observed: Observed | None = None, claim_id: str | None = None,
