@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from joblease.domain.errors import LeaseError, format_time
+from joblease.domain.errors import LeaseError
+from joblease.domain.time import format_time
 from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 from joblease.sdk.hold import Holding

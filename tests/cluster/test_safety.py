@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from joblease import LeaseLostError, Phase
-from joblease.domain.lease import parse_time
+from joblease.domain.time import parse_time
 from joblease.kube.api import InvalidError, KubeApi, UnavailableError
 from joblease.kube.leases import lease_path
 from joblease.sdk.client import LeaseClient

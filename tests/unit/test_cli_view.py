@@ -13,7 +13,7 @@ from joblease.cli import build_parser
 from joblease.cli import view as cli_view
 from joblease.cli.completion import completion_script
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import format_time
+from joblease.domain.time import format_time
 
 T0 = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 

@@ -21,11 +21,8 @@ from joblease.domain.errors import (
     LeaseHeldError,
     LeaseNotFoundError,
     StaleLeaseError,
-    format_time,
 )
 from joblease.domain.lease import (
-    EARLIEST_TIME,
-    LATEST_TIME,
     MAX_RESULT_LENGTH,
     Claim,
     Completion,
@@ -33,9 +30,6 @@ from joblease.domain.lease import (
     LeaseStatus,
     Observed,
     Phase,
-    _shift_saturating,
-    add_time,
-    clamp_time,
     decide_claim,
     decide_complete,
     decide_expire,
@@ -44,9 +38,17 @@ from joblease.domain.lease import (
     decide_renew,
     epoch_of,
     is_expired,
-    parse_time,
     set_condition,
     ttl_expired,
+)
+from joblease.domain.time import (
+    EARLIEST_TIME,
+    LATEST_TIME,
+    _shift_saturating,
+    add_time,
+    clamp_time,
+    format_time,
+    parse_time,
 )
 from joblease.domain.token import FencingToken
 from support.builders import T0

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from joblease.domain.lease import parse_time
+from joblease.domain.time import parse_time
 
 
 @pytest.mark.parametrize("text", [

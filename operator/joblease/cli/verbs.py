@@ -53,7 +53,7 @@ def _client(args: argparse.Namespace, *, calibrate: bool, one_shot: bool = True
 
 def claim(args: argparse.Namespace) -> int:
     """``claim NAME``: claim once (or wait ``--wait``); print the token and claim id."""
-    from joblease.domain.errors import format_time
+    from joblease.domain.time import format_time
     client = _client(args, calibrate=False)
     lease = client.wait_claim(args.name, args.holder, timeout=args.wait,
                               retry_unavailable=max(args.wait, 10.0))
@@ -115,7 +115,7 @@ def _retry_unavailable(action: Any, seconds: float) -> None:
 
 def get(args: argparse.Namespace) -> int:
     """``get NAME``: one JobLease's status."""
-    from joblease.domain.errors import format_time
+    from joblease.domain.time import format_time
     obs = _client(args, calibrate=False).get(args.name)
     st = obs.status
     _print(args, _status_dict(obs),

@@ -18,8 +18,8 @@ from datetime import datetime
 from typing import Any
 
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import format_time
 from joblease.domain.lease import Observed, Phase
+from joblease.domain.time import format_time
 
 PHASES = tuple(p.value for p in Phase)
 NO_STATUS = "New"  # created, not yet initialized by the operator (no status at all)

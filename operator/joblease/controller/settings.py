@@ -32,6 +32,7 @@ from typing import Any
 
 from joblease.domain.clock import ServerClock
 from joblease.domain.errors import JobleaseError
+from joblease.domain.time import DEFAULT_MARGIN
 from joblease.kube.api import CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL, MAX_SERVER_SKEW_ENV
 
 MARGIN_ENV = "JOBLEASE_MARGIN_SECONDS"
@@ -156,7 +157,8 @@ SETTINGS: tuple[_Setting, ...] = (
                   "sharing one host network cannot each own a port)"),
     _Setting("margin_seconds", "--margin-seconds", _seconds(minimum=0), MARGIN_ENV,
              help="expiry safety margin in seconds, added to the clock estimate's error "
-                  f"bound (default 0.25; also ${MARGIN_ENV})", metavar="SECONDS"),
+                  f"bound (default {DEFAULT_MARGIN.total_seconds():g}; also ${MARGIN_ENV})",
+             metavar="SECONDS"),
     _Setting("writers", "--writers", _int_range(1, MAX_WRITERS), WRITERS_ENV,
              help="threads that write one pass's due transitions (1 writes them in line; "
                   f"default 4; also ${WRITERS_ENV})", metavar="N"),
@@ -201,7 +203,7 @@ class OperatorSettings:
     metrics_port: int = 8080
     health_addr: str = "127.0.0.1:8081"
     health_file: Path | None = None
-    margin_seconds: float = 0.25
+    margin_seconds: float = DEFAULT_MARGIN.total_seconds()  # the holders' default too
     writers: int = 4
     max_server_skew: float = 0.0
     clock_track_ttl: float = DEFAULT_TRACK_TTL

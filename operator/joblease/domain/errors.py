@@ -19,9 +19,13 @@ stale task token could not tell it from a bug) so callers can tell three situati
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
+from joblease.domain.time import format_time as format_time  # re-exported, see below
 from joblease.domain.token import FencingToken
+
+# ``format_time`` lives in ``joblease.domain.time``; it stays importable from here because
+# controller/pods.py (pod delegation, another branch's) still imports it from this module.
 
 
 class JobleaseError(Exception):
@@ -148,14 +152,3 @@ class LeaseNotFoundError(LeaseError):
     def __init__(self, name: str, namespace: str) -> None:
         super().__init__(name, f"JobLease {namespace}/{name} not found "
                                "(create it with `kubectl apply -f …`)")
-
-
-def format_time(when: datetime) -> str:
-    """Format a time the way the JobLease status stores it (RFC 3339, ms, UTC).
-
-    Converted to UTC first: a time read with an offset is written back as the same instant.
-    """
-    if when.tzinfo is not None:
-        when = when.astimezone(UTC)
-    return (f"{when.year:04d}-{when.month:02d}-{when.day:02d}T{when.hour:02d}:"
-            f"{when.minute:02d}:{when.second:02d}.{when.microsecond // 1000:03d}Z")

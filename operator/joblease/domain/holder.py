@@ -36,12 +36,13 @@ from joblease.domain.errors import (
     LeaseGoneError,
     LeaseLostError,
 )
-from joblease.domain.lease import Claim, Observed, Phase, Transition, add_time, decide_claim
+from joblease.domain.lease import Claim, Observed, Phase, Transition, decide_claim
+from joblease.domain.time import DEFAULT_MARGIN as DEFAULT_MARGIN  # (public: the SDK's)
+from joblease.domain.time import RENEW_FRACTION as RENEW_FRACTION
+from joblease.domain.time import holder_end, seconds_until_expiry
 from joblease.domain.token import FencingToken
 
-DEFAULT_MARGIN = timedelta(milliseconds=250)
 IDENTITY_HOLDER = "@identity"
-RENEW_FRACTION = 1 / 3
 MIN_RENEW_INTERVAL = 0.05
 MAX_RETRY_DELAY = 1.0
 
@@ -146,7 +147,7 @@ def standing(observed: Observed, claim: Claim, uid: str, *, resumed: bool,
                              f"held as {claim.token}")
     if status.lease_until is not None and status.phase is Phase.HELD:
         return Standing(status.lease_until,
-                        clock.monotonic_at(add_time(status.lease_until, -margin)), held=True)
+                        clock.monotonic_at(holder_end(status.lease_until, margin)), held=True)
     return Standing(status.lease_until, now, held=True)
 
 
@@ -210,7 +211,12 @@ def finished_error(observed: Observed, transition: Transition) -> LeaseFinishedE
 
 
 def renew_interval(remaining: float, fraction: float = RENEW_FRACTION) -> float:
-    """Seconds between renewals: ``fraction`` of the time the lease has left (at least 50 ms)."""
+    """Seconds between renewals: ``fraction`` of the time the lease has left (at least 50 ms).
+
+    The holding's form of ``joblease.domain.time.renew_at``: a holding counts on its own
+    monotonic clock from a renewal, when the time left is the whole lease, so ``fraction``
+    of what is left is the same point as ``fraction`` of the duration on the server's clock.
+    """
     return max(MIN_RENEW_INTERVAL, remaining * fraction)
 
 
@@ -350,4 +356,4 @@ def seconds_until_claimable(lease_until: datetime | None, margin: timedelta, now
     """
     if lease_until is None:
         return 0.0
-    return max(0.0, (add_time(lease_until, margin) - now.earliest).total_seconds())
+    return max(0.0, seconds_until_expiry(lease_until, margin, now))

@@ -49,9 +49,8 @@ Everything here is pure: the caller passes the observed object and the server ti
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
@@ -62,8 +61,18 @@ from joblease.domain.errors import (
     LeaseHeldError,
     LeaseNotReadyError,
     StaleLeaseError,
-    format_time,
 )
+
+# The time rules live in ``joblease.domain.time``. The ``as`` names stay importable from
+# here because modules of other branches still import them from this one (the reconciler,
+# pod delegation, core/presence.py, downward.py, bench/, tests/sim); new code imports
+# ``joblease.domain.time``.
+from joblease.domain.time import EARLIEST_TIME as EARLIEST_TIME
+from joblease.domain.time import LATEST_TIME as LATEST_TIME
+from joblease.domain.time import add_time as add_time
+from joblease.domain.time import clamp_time as clamp_time
+from joblease.domain.time import expiry_at, expiry_due, format_time, past_holder_end
+from joblease.domain.time import parse_time as parse_time
 from joblease.domain.token import FencingToken
 
 DEFAULT_DURATION_SECONDS = 30
@@ -395,7 +404,7 @@ def claimable_at(obs: Observed, margin: timedelta) -> datetime | None:
         return None
     at = EARLIEST_TIME
     if st.phase == Phase.HELD and st.holder:
-        at = add_time(st.lease_until, margin) if st.lease_until else EARLIEST_TIME
+        at = expiry_at(st.lease_until, margin) if st.lease_until else EARLIEST_TIME
     rest_until = not_before(obs)
     return max(at, rest_until) if rest_until is not None else at
 
@@ -513,8 +522,12 @@ def ttl_expired(obs: Observed, now: ServerNow) -> bool:
 
 
 def is_expired(lease_until: datetime | None, now: ServerNow, margin: timedelta) -> bool:
-    """True once the server's time is *certainly* past ``leaseUntil + margin``."""
-    return lease_until is None or now.earliest >= add_time(lease_until, margin)
+    """True once the server's time is *certainly* past ``leaseUntil + margin``.
+
+    ``joblease.domain.time.expiry_due`` for a lease that may have no end (``None``: there
+    is nothing to wait for).
+    """
+    return lease_until is None or expiry_due(lease_until, margin, now)
 
 
 # --- helpers ---------------------------------------------------------------------------------
@@ -525,7 +538,7 @@ def _require_current(obs: Observed, claim: Claim, now: ServerNow, margin: timede
     if not _is_current(st, claim):
         raise StaleLeaseError(obs.name, claim.holder, claim.token, st.holder, st.token(),
                               st.phase.value)
-    if st.lease_until is None or now.latest > add_time(st.lease_until, -margin):
+    if st.lease_until is None or past_holder_end(st.lease_until, margin, now):
         raise LeaseExpiredError(obs.name, claim.holder, claim.token.generation, st.lease_until)
     return st
 
@@ -599,74 +612,6 @@ def set_condition(conditions: tuple[dict[str, Any], ...], type_: str, status: bo
         "observedGeneration": observed_generation,
     }
     return (*(c for c in conditions if c.get("type") != type_), new)
-
-
-# RFC 3339 as kube-openapi's strfmt accepts it for ``format: date-time``: lower-cased and split
-# at ``t`` (anything after a second ``t`` is ignored); a date of any year 0000-9999; a time
-# whose fraction may follow any one character and have any length; ``z`` or an offset of
-# two two-digit numbers (``+99:99`` passes).
-_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
-_TIME = re.compile(r"(\d{2}):(\d{2}):(\d{2})(?:.(\d+))?(?:(z)|([+-])(\d{2}):(\d{2}))",
-                   re.ASCII | re.DOTALL)
-# Every stored time is clamped into this window, so that adding any duration the protocol
-# uses (a lease of at most a day, a TTL of at most a year, margins) can never overflow.
-EARLIEST_TIME = datetime(2, 1, 1, tzinfo=UTC)
-LATEST_TIME = datetime(9998, 1, 1, tzinfo=UTC)
-
-
-def parse_time(text: str) -> datetime:
-    """Parse a timestamp as the API server stores it; never raises for one it accepts.
-
-    Why not ``datetime.fromisoformat``: the API server accepts what Python does not (year
-    0000, a lowercase ``z``, nanoseconds, offsets of ``+24:00`` and more, odd fraction
-    separators, offsets that push the instant past year 9999), and one such value written
-    by any client must not stop the operator or a worker. Out-of-range instants are
-    clamped to ``[EARLIEST_TIME, LATEST_TIME]``. A space instead of ``T`` is read too.
-
-    Raises:
-        ValueError: ``text`` is not a date-time the schema accepts at all.
-    """
-    lowered = text.strip().lower()
-    if lowered[10:11] == " ":
-        lowered = lowered[:10] + "t" + lowered[11:]
-    parts = lowered.split("t")
-    date = _DATE.fullmatch(parts[0])
-    time_ = _TIME.fullmatch(parts[1]) if len(parts) > 1 else None
-    if date is None or time_ is None:
-        raise ValueError(f"not an RFC 3339 timestamp: {text!r}")
-    year, month, day = (int(g) for g in date.groups())
-    hour, minute, second = (int(g) for g in time_.groups()[:3])
-    fraction, zulu, sign, off_h, off_m = time_.groups()[3:]
-    micros = int((fraction or "0")[:6].ljust(6, "0"))
-    offset = 0 if zulu else (int(off_h) * 60 + int(off_m)) * (1 if sign == "+" else -1)
-    if year < EARLIEST_TIME.year:
-        return EARLIEST_TIME
-    try:
-        local = datetime(year, month, day, hour, minute, min(second, 59), micros)
-    except ValueError as err:
-        raise ValueError(f"not a valid date and time: {text!r} ({err})") from None
-    return clamp_time(_shift_saturating(local, -offset))
-
-
-def _shift_saturating(local: datetime, minutes: int) -> datetime:
-    try:
-        return local.replace(tzinfo=UTC) + timedelta(minutes=minutes)
-    except OverflowError:
-        return LATEST_TIME if minutes > 0 else EARLIEST_TIME
-
-
-def clamp_time(when: datetime) -> datetime:
-    """``when`` limited to ``[EARLIEST_TIME, LATEST_TIME]`` (see :data:`LATEST_TIME`)."""
-    return min(max(when, EARLIEST_TIME), LATEST_TIME)
-
-
-def add_time(when: datetime, delta: timedelta) -> datetime:
-    """``when + delta``, saturating instead of raising ``OverflowError``."""
-    try:
-        return when + delta
-    except OverflowError:
-        return datetime.max.replace(tzinfo=UTC) if delta > timedelta(0) \
-            else datetime.min.replace(tzinfo=UTC)
 
 
 def _fmt(when: datetime | None) -> str | None:

@@ -16,8 +16,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from joblease.domain.errors import LeaseNotFoundError, format_time
+from joblease.domain.errors import LeaseNotFoundError
 from joblease.domain.lease import LeaseStatus, Observed
+from joblease.domain.time import format_time
 from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, ConflictError, NotFoundError
 from joblease.kube.requests import Response
 from joblease.kube.transport import Transport

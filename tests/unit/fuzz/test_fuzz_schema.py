@@ -41,8 +41,8 @@ from joblease import cli
 from joblease.cli import verbs
 from joblease.cli.exits import EXIT_OK
 from joblease.controller.reconciler import LeaseView, Reconciler
-from joblease.domain.errors import format_time
-from joblease.domain.lease import LeaseStatus, Observed, Phase, parse_time
+from joblease.domain.lease import LeaseStatus, Observed, Phase
+from joblease.domain.time import format_time, parse_time
 from joblease.downward import DelegatedToken, go_unquote, parse_annotations, token_from_annotations
 from joblease.kube.leases import LeaseStore
 from joblease.sdk.client import LeaseClient
