@@ -39,11 +39,10 @@ from datetime import datetime
 from pathlib import Path
 
 from joblease.domain.errors import JobleaseError
-from joblease.domain.lease import parse_time
-from joblease.domain.token import FencingToken
+from joblease.domain.token import FencingToken, HeldToken
+from joblease.kube.pods import ANNOTATION_PREFIX as PREFIX  # the one definition
 
 DEFAULT_PATH = Path("/etc/joblease/annotations")
-PREFIX = "joblease.dev/"
 _SIMPLE_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t",
                    "v": "\v", "\\": "\\", '"': '"', "'": "'"}
 _HEX_ESCAPES = {"x": 2, "u": 4, "U": 8}
@@ -139,21 +138,16 @@ def token_from_annotations(annotations: dict[str, str], pod_uid: str | None = No
     Raises:
         DownwardFormatError: a token annotation is malformed (names the annotation).
     """
-    epoch, generation = annotations.get(PREFIX + "epoch"), annotations.get(PREFIX + "generation")
-    if not epoch or not generation:
-        return None
     holder = annotations.get(PREFIX + "holder", "")
     if pod_uid is not None and holder.rsplit("/", 1)[-1] != pod_uid:
         return None
-    until = annotations.get(PREFIX + "lease-until")
     try:
-        token = FencingToken(int(epoch), int(generation))
-        lease_until = parse_time(until) if until else None
+        held = HeldToken.from_annotations(annotations, PREFIX)  # the operator's codec
     except ValueError as err:
-        raise DownwardFormatError(f"malformed token annotations {PREFIX}epoch={epoch!r}, "
-                                  f"{PREFIX}generation={generation!r}, {PREFIX}lease-until="
-                                  f"{until!r}: {err}") from None
-    return DelegatedToken(token, holder, lease_until)
+        raise DownwardFormatError(str(err)) from None
+    if held is None:
+        return None
+    return DelegatedToken(held.token, held.holder, held.lease_until)
 
 
 class TokenFile:

@@ -1,8 +1,9 @@
 """``joblease run --lease NAME -- CMD…``: run a command only while holding its lease.
 
 The command gets its token in the environment (``JOBLEASE_NAME``, ``JOBLEASE_NAMESPACE``,
-``JOBLEASE_HOLDER``, ``JOBLEASE_GENERATION``, ``JOBLEASE_EPOCH``, ``JOBLEASE_TOKEN`` as
-``epoch/generation``, ``JOBLEASE_LEASE_UNTIL``). The lease is renewed while it runs; the
+``JOBLEASE_HOLDER``, ``JOBLEASE_TOKEN`` as ``epoch/generation``, ``JOBLEASE_EPOCH``,
+``JOBLEASE_GENERATION``, ``JOBLEASE_CLAIM_ID``, ``JOBLEASE_LEASE_UNTIL``; the form is
+``joblease.domain.token.HeldToken``'s). The lease is renewed while it runs; the
 moment the lease is lost the command's process group gets SIGTERM, then SIGKILL after the
 grace period. Exit 0 completes the lease; any other exit releases it as failed.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from joblease.domain.errors import LeaseError
-from joblease.domain.time import format_time
+from joblease.domain.token import HeldToken
 from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 from joblease.sdk.hold import Holding
@@ -45,17 +46,15 @@ class RunResult:
     interrupted: bool = False
 
 
+def held_token(lease: Lease) -> HeldToken:
+    """The token of ``lease`` with what names its claim (the fields of every written form)."""
+    return HeldToken(lease.name, lease.namespace, lease.holder, lease.token, lease.claim_id,
+                     lease.lease_until)
+
+
 def lease_environment(lease: Lease) -> dict[str, str]:
-    """The variables a command run under ``lease`` sees."""
-    return {
-        "JOBLEASE_NAME": lease.name,
-        "JOBLEASE_NAMESPACE": lease.namespace,
-        "JOBLEASE_HOLDER": lease.holder,
-        "JOBLEASE_GENERATION": str(lease.token.generation),
-        "JOBLEASE_EPOCH": str(lease.token.epoch),
-        "JOBLEASE_TOKEN": str(lease.token),
-        "JOBLEASE_LEASE_UNTIL": format_time(lease.lease_until) if lease.lease_until else "",
-    }
+    """The variables a command run under ``lease`` sees (``HeldToken.to_environment``)."""
+    return held_token(lease).to_environment()
 
 
 class _StopChildOnLoss(Holding):

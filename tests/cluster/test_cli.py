@@ -59,14 +59,24 @@ def test_run_completes_on_exit_zero_and_passes_the_token(cluster: Any, leases: L
                                                          tmp_path: Path) -> None:
     leases.store.create(leases.namespace, "job", {"leaseDurationSeconds": 5})
     out = tmp_path / "env.txt"
-    script = f"echo $JOBLEASE_NAME $JOBLEASE_GENERATION $JOBLEASE_TOKEN > {out}"
+    # the command acts on its own claim with what its environment names (issue 31: the
+    # claim id was missing, though renew/complete/release ask for it)
+    renew = " ".join([*JOBLEASE, "renew", "$JOBLEASE_NAME", "-n", "$JOBLEASE_NAMESPACE",
+                      "--holder", "$JOBLEASE_HOLDER", "--token", "$JOBLEASE_TOKEN",
+                      "--claim-id", "$JOBLEASE_CLAIM_ID"])
+    script = (f"echo $JOBLEASE_NAME $JOBLEASE_GENERATION $JOBLEASE_TOKEN $JOBLEASE_CLAIM_ID "
+              f"> {out} && {renew} >> {out}")
     result = cli(cluster, leases.namespace, "run", "--lease", "job", "--holder", "r", "--",
                  "sh", "-c", script)
     assert result.returncode == 0, result.stderr
-    name, generation, token = out.read_text().split()
+    assert "with token " in result.stderr  # the banner names the token, not a generation
+    first, renewed = out.read_text().splitlines()
+    name, generation, token, claim_id = first.split()
     assert (name, generation) == ("job", "1") and token.endswith("/1")
+    assert renewed.startswith(f"renew of {leases.namespace}/job with token {token}: ok")
     status = leases.get("job").status
     assert status.phase.value == "Completed" and status.completion is not None
+    assert status.claim_id == claim_id
 
 
 def test_run_releases_as_failed_on_nonzero_exit(cluster: Any, leases: LeaseClient) -> None:

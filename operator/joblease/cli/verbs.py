@@ -53,18 +53,15 @@ def _client(args: argparse.Namespace, *, calibrate: bool, one_shot: bool = True
 
 def claim(args: argparse.Namespace) -> int:
     """``claim NAME``: claim once (or wait ``--wait``); print the token and claim id."""
-    from joblease.domain.time import format_time
+    from joblease.runner import held_token
     client = _client(args, calibrate=False)
     lease = client.wait_claim(args.name, args.holder, timeout=args.wait,
                               retry_unavailable=max(args.wait, 10.0))
-    _print(args, {"name": lease.name, "namespace": lease.namespace, "holder": lease.holder,
-                  "generation": lease.token.generation, "epoch": lease.token.epoch,
-                  "token": str(lease.token), "claimId": lease.claim_id,
-                  "leaseUntil": format_time(lease.lease_until) if lease.lease_until else None},
-           f"claimed {lease.namespace}/{lease.name} for {lease.holder!r}: generation "
-           f"{lease.token.generation} (token {lease.token}) until "
-           f"{format_time(lease.lease_until) if lease.lease_until else '?'}, claim id "
-           f"{lease.claim_id}")
+    fields = held_token(lease).to_json()
+    _print(args, fields,
+           f"claimed {lease.namespace}/{lease.name} for {lease.holder!r}: token {lease.token} "
+           f"(epoch {lease.token.epoch}, generation {lease.token.generation}) until "
+           f"{fields['leaseUntil'] or '?'}, claim id {lease.claim_id}")
     return EXIT_OK
 
 
@@ -142,8 +139,8 @@ def run(args: argparse.Namespace) -> int:
     client = _client(args, calibrate=True, one_shot=False)
     lease = client.wait_claim(args.lease, args.holder, timeout=args.wait,
                               retry_unavailable=max(args.wait, 10.0))
-    print(f"joblease run: holding {lease.namespace}/{lease.name} as {lease.holder!r} at "
-          f"generation {lease.token.generation}", file=sys.stderr, flush=True)
+    print(f"joblease run: holding {lease.namespace}/{lease.name} as {lease.holder!r} with "
+          f"token {lease.token}", file=sys.stderr, flush=True)
     result = run_under_lease(lease, command, grace=args.grace)
     if result.lost:
         return EXIT_LOST
