@@ -160,7 +160,8 @@ def test_a_refused_write_that_only_recorded_used_up_attempts_reads_as_finished()
     assert isinstance(err, LeaseFinishedError)
     assert (err.name, err.phase, err.generation) == ("job", "Held", 3)
     assert str(err) == (
-        "lease 'job' is Held at generation 3 and cannot be claimed again: 3 attempts used of "
+        "lease 'job' is Held at generation 3 (token 100/3) and cannot be claimed again: 3 "
+        "attempts used of "
         "maxAttempts 3; this identity may not record it (holder-only admission policy): the "
         "operator marks it Failed")
 

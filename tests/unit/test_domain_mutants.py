@@ -233,16 +233,19 @@ def test_claim_of_a_finished_lease_names_phase_and_generation() -> None:
     st = LeaseStatus(Phase.COMPLETED, generation=4)
     with pytest.raises(LeaseFinishedError) as err:
         decide_claim(obs(st), "a", exact(T0), MARGIN)
-    assert str(err.value) == "lease 'job' is Completed at generation 4 and cannot be claimed again"
+    assert str(err.value) == ("lease 'job' is Completed at generation 4 (token 0/4) and cannot "
+                              "be claimed again")
     assert (err.value.name, err.value.phase, err.value.generation) == ("job", "Completed", 4)
+    assert err.value.token == FencingToken(0, 4)
 
 
 def test_claim_of_a_held_lease_names_holder_generation_and_end() -> None:
     with pytest.raises(LeaseHeldError) as err:
         decide_claim(obs(held("a", generation=3)), "b", exact(T0), MARGIN)
-    assert str(err.value) == ("lease 'job' is held by 'a' at generation 3 until "
+    assert str(err.value) == ("lease 'job' is held by 'a' at generation 3 (token 100/3) until "
                               "2026-12-02T12:00:30.000Z (server time)")
     assert (err.value.name, err.value.holder, err.value.generation) == ("job", "a", 3)
+    assert err.value.token == FencingToken(100, 3)
     assert err.value.lease_until == T0 + timedelta(seconds=30)
 
 
@@ -273,8 +276,9 @@ def test_expired_error_names_lease_holder_generation_and_end() -> None:
     until = T0 + timedelta(seconds=30)
     with pytest.raises(LeaseExpiredError) as err:
         decide_renew(obs(held(until=until)), claim(), exact(until), MARGIN)
-    assert str(err.value) == ("lease 'job' of 'a' at generation 1 expired at "
+    assert str(err.value) == ("lease 'job' of 'a' at generation 1 (token 100/1) expired at "
                               "2026-12-02T12:00:30.000Z (server time); claim it again")
+    assert err.value.token == FencingToken(100, 1)
     assert (err.value.name, err.value.holder, err.value.generation, err.value.lease_until) == (
         "job", "a", 1, until)
 
@@ -655,15 +659,17 @@ def test_not_found_gone_and_finished_detail_messages() -> None:
     gone = LeaseGoneError("job", "ns", "deleted")
     assert str(gone) == "JobLease ns/job held by this caller is gone: deleted"
     assert gone.name == "job"
-    finished = LeaseFinishedError("job", "Failed", 3, "maxAttempts 3 used")
-    assert str(finished) == ("lease 'job' is Failed at generation 3 and cannot be claimed "
-                             "again: maxAttempts 3 used")
-    assert str(LeaseFinishedError("job", "Completed", 2)) == (  # no detail: no dangling colon
-        "lease 'job' is Completed at generation 2 and cannot be claimed again")
+    finished = LeaseFinishedError("job", "Failed", FencingToken(9, 3), "maxAttempts 3 used")
+    assert str(finished) == ("lease 'job' is Failed at generation 3 (token 9/3) and cannot be "
+                             "claimed again: maxAttempts 3 used")
+    assert (finished.token, finished.generation) == (FencingToken(9, 3), 3)
+    assert str(LeaseFinishedError("job", "Completed", FencingToken(9, 2))) == (  # no dangling :
+        "lease 'job' is Completed at generation 2 (token 9/2) and cannot be claimed again")
 
 
 def test_held_error_without_an_end_says_unknown() -> None:
-    assert str(LeaseHeldError("job", "a", 1, None)).endswith("until an unknown time (server time)")
+    assert str(LeaseHeldError("job", "a", FencingToken(9, 1), None)).endswith(
+        "until an unknown time (server time)")
 
 
 # --- the fencing token ---------------------------------------------------------------------

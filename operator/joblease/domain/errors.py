@@ -59,14 +59,23 @@ class LeaseUnavailableError(LeaseError):
 
 
 class LeaseHeldError(LeaseUnavailableError):
-    """Someone else holds the lease and it has not expired on the server's clock."""
+    """Someone else holds the lease and it has not expired on the server's clock.
 
-    def __init__(self, name: str, holder: str, generation: int, lease_until: datetime | None
+    Attributes:
+        holder: The current holder.
+        token: The current holder's whole token (``EPOCH/GENERATION``).
+        generation: ``token.generation`` (kept from before the error carried the token).
+        lease_until: The end of the current claim on the server's clock, if known.
+    """
+
+    def __init__(self, name: str, holder: str, token: FencingToken, lease_until: datetime | None
                  ) -> None:
         until = format_time(lease_until) if lease_until else "an unknown time"
         super().__init__(name, f"lease {name!r} is held by {holder!r} at generation "
-                               f"{generation} until {until} (server time)")
-        self.holder, self.generation, self.lease_until = holder, generation, lease_until
+                               f"{token.generation} (token {token}) until {until} "
+                               "(server time)")
+        self.holder, self.token, self.lease_until = holder, token, lease_until
+        self.generation = token.generation
 
 
 class LeaseNotReadyError(LeaseUnavailableError):
@@ -82,18 +91,21 @@ class LeaseFinishedError(LeaseUnavailableError):
     """The lease is Completed or Failed and is never claimed again.
 
     Attributes:
+        phase: ``Completed`` or ``Failed``.
+        token: The token of the last claim (``EPOCH/GENERATION``); ``generation`` is its
+            second part (kept from before the error carried the token).
         written: The JobLease as stored after *this caller's* write made it Failed (a
             claim that found the attempts used up, a failed release that used the last),
             else ``None``. A work pool folds it into its cache instead of waiting for the
             watch to bring it.
     """
 
-    def __init__(self, name: str, phase: str, generation: int, detail: str = "",
+    def __init__(self, name: str, phase: str, token: FencingToken, detail: str = "",
                  written: object | None = None) -> None:
         extra = f": {detail}" if detail else ""
-        super().__init__(name, f"lease {name!r} is {phase} at generation {generation} and "
-                               f"cannot be claimed again{extra}")
-        self.phase, self.generation = phase, generation
+        super().__init__(name, f"lease {name!r} is {phase} at generation {token.generation} "
+                               f"(token {token}) and cannot be claimed again{extra}")
+        self.phase, self.token, self.generation = phase, token, token.generation
         self.written = written
 
 
@@ -128,14 +140,23 @@ class LeaseGoneError(LeaseLostError):
 
 
 class LeaseExpiredError(LeaseLostError):
-    """The caller still matches, but its lease has run out on the server's clock."""
+    """The caller still matches, but its lease has run out on the server's clock.
 
-    def __init__(self, name: str, holder: str, generation: int, lease_until: datetime | None
+    Attributes:
+        holder: The caller's holder.
+        token: The caller's whole token; ``generation`` is its second part (kept from
+            before the error carried the token).
+        lease_until: The end that passed, if known.
+    """
+
+    def __init__(self, name: str, holder: str, token: FencingToken, lease_until: datetime | None
                  ) -> None:
         until = format_time(lease_until) if lease_until else "an unknown time"
-        super().__init__(name, f"lease {name!r} of {holder!r} at generation {generation} "
-                               f"expired at {until} (server time); claim it again")
-        self.holder, self.generation, self.lease_until = holder, generation, lease_until
+        super().__init__(name, f"lease {name!r} of {holder!r} at generation {token.generation} "
+                               f"(token {token}) expired at {until} (server time); claim it "
+                               "again")
+        self.holder, self.token, self.lease_until = holder, token, lease_until
+        self.generation = token.generation
 
 
 class RenewalStoppedError(LeaseLostError):

@@ -198,7 +198,7 @@ class ClaimDecider:
             return None
         st = self.observed.status
         return LeaseFinishedError(
-            self.observed.name, st.phase.value, st.generation,
+            self.observed.name, st.phase.value, st.token(),
             f"{self.last.message}; this identity may not record it (holder-only admission "
             "policy): the operator marks it Failed")
 
@@ -206,7 +206,7 @@ class ClaimDecider:
 def finished_error(observed: Observed, transition: Transition) -> LeaseFinishedError:
     """The error for a write that turned the lease Failed (``maxAttempts`` used up)."""
     status = observed.status
-    return LeaseFinishedError(observed.name, status.phase.value, status.generation,
+    return LeaseFinishedError(observed.name, status.phase.value, status.token(),
                               transition.message, written=observed)
 
 
@@ -330,7 +330,7 @@ class HoldingState(Generic[LeaseT]):
 
 def expired_error(lease: _LeaseState) -> LeaseExpiredError:
     """The loss a holding declares once its local deadline passed without a renewal."""
-    return LeaseExpiredError(lease.name, lease.holder, lease.generation, lease.lease_until)
+    return LeaseExpiredError(lease.name, lease.holder, lease.token, lease.lease_until)
 
 
 def loss_at_check(lease: _LeaseState, remaining: float) -> LeaseLostError | None:

@@ -354,11 +354,11 @@ def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
     if claim_id and st.phase == Phase.HELD and st.claim_id == claim_id and st.holder == holder:
         return None
     if st.phase.finished:
-        raise LeaseFinishedError(obs.name, st.phase.value, st.generation, st.message or "")
+        raise LeaseFinishedError(obs.name, st.phase.value, st.token(), st.message or "")
     attempts = st.attempts
     if st.phase == Phase.HELD and st.holder:
         if not is_expired(st.lease_until, now, margin):
-            raise LeaseHeldError(obs.name, st.holder, st.generation, st.lease_until)
+            raise LeaseHeldError(obs.name, st.holder, st.token(), st.lease_until)
         attempts += 1
     if obs.spec.max_attempts is not None and attempts >= obs.spec.max_attempts:
         return _fail(obs, replace(st, attempts=attempts), now,
@@ -539,7 +539,7 @@ def _require_current(obs: Observed, claim: Claim, now: ServerNow, margin: timede
         raise StaleLeaseError(obs.name, claim.holder, claim.token, st.holder, st.token(),
                               st.phase.value)
     if st.lease_until is None or past_holder_end(st.lease_until, margin, now):
-        raise LeaseExpiredError(obs.name, claim.holder, claim.token.generation, st.lease_until)
+        raise LeaseExpiredError(obs.name, claim.holder, claim.token, st.lease_until)
     return st
 
 
