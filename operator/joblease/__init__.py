@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from joblease.kube.transact import ContentionError
     from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, default_holder
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
 
 __all__ = [
     "ApiError", "AsyncHolding", "ConflictError", "ContentionError", "FencingToken",
@@ -60,8 +60,10 @@ __all__ = [
 
 
 _SDK = ("AsyncHolding", "Holding", "Lease", "LeaseClient", "default_holder")
-# The API errors live beside the HTTP client (joblease.kube.api imports `kubernetes`), so
-# they load on first use too; the protocol's errors above are pure and load at once.
+# The API errors live in the HTTP adapter layer (joblease.kube: configuration loading,
+# request code; the `kubernetes` package itself loads only when a KubeApi is built from a
+# kubeconfig), so they load on first use too; the protocol's errors above are pure and
+# load at once.
 _API_ERRORS = ("ApiError", "ConflictError", "ForbiddenError", "InvalidError", "NotFoundError",
                "UnavailableError")
 

@@ -7,7 +7,8 @@ and stops the body the moment the lease is lost — with the rules of ``joblease
 1. the *renewer*, one asyncio task, renews every ``renew_fraction`` of the time left; a
    refusal declares the loss; any other failure — an unreachable server, a 409 storm, an
    exception of any type — is retried with a short backoff (``domain.holder.retry_delay``),
-   and no request waits past the deadline (``atransact``'s per-request timeouts);
+   and no request waits past the deadline (the renewal's steps carry the lease's deadline:
+   ``joblease.core.ops``, each request's timeout is what is left of it);
 2. the *watchdog* is a ``loop.call_at`` timer at the local deadline (minus ``stop_before``),
    moved by every renewal. It sends nothing, so a hung request cannot delay it; when it
    fires it declares the loss and cancels the renewer, whose request is abandoned at once.

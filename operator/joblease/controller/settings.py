@@ -174,7 +174,6 @@ SETTINGS: tuple[_Setting, ...] = (
     _Setting("log_level", "--log-level", _log_level, metavar="LEVEL",
              help=f"{', '.join(LOG_LEVELS)} (default INFO; --verbose means DEBUG)"),
 )
-_BY_FIELD = {s.field: s for s in SETTINGS}
 
 
 @dataclass(frozen=True)

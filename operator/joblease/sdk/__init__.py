@@ -6,11 +6,11 @@ Reference: ``docs/sdk.md``.
 from typing import TYPE_CHECKING, Any
 
 from joblease.sdk.client import DEFAULT_MARGIN, Lease, LeaseClient, default_holder
+from joblease.sdk.pool import Pool  # (loaded by the client anyway: ``LeaseClient.pool``)
 
 if TYPE_CHECKING:
     from joblease.domain.errors import PoolClosedError
     from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
-    from joblease.sdk.pool import Pool
 
 __all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient", "Pool",
            "PoolClosedError", "RenewalStoppedError", "default_holder"]
@@ -27,8 +27,4 @@ def __getattr__(name: str) -> Any:
         from joblease.domain.errors import PoolClosedError
 
         return PoolClosedError
-    if name == "Pool":  # the watch's thread and its module: on first use
-        from joblease.sdk import pool
-
-        return getattr(pool, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
