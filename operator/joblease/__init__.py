@@ -36,6 +36,7 @@ from joblease.domain.lease import Phase
 from joblease.domain.token import FencingToken
 
 if TYPE_CHECKING:
+    from joblease.core.transaction import ContentionError
     from joblease.kube.api import (
         ApiError,
         ConflictError,
@@ -44,7 +45,6 @@ if TYPE_CHECKING:
         NotFoundError,
         UnavailableError,
     )
-    from joblease.kube.transact import ContentionError
     from joblease.sdk import AsyncHolding, Holding, Lease, LeaseClient, default_holder
 
 __version__ = "0.1.0"  # the one place: pyproject.toml reads it (tool.setuptools.dynamic)
@@ -81,9 +81,9 @@ def __getattr__(name: str) -> Any:
 
         value = getattr(joblease.kube.api, name)
     elif name == "ContentionError":
-        import joblease.kube.transact
+        import joblease.core.transaction
 
-        value = joblease.kube.transact.ContentionError
+        value = joblease.core.transaction.ContentionError
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STAGE = Path(os.environ.get("JOBLEASE_MUTATE_STAGE", ROOT / "build" / "mutate"))
 TARGETS = {
     "domain": "src/joblease/domain/*",
-    "transact": "src/joblease/kube/transact.py",
+    "transact": "src/joblease/core/transaction.py",
     "sdk": "src/joblease/sdk/*",
     "aio": "src/joblease/aio/*",
     "core": "src/joblease/core/*",
@@ -143,10 +143,10 @@ def module_of(mutant: str) -> str:
         return "domain"
     if mutant.startswith("joblease.aio."):
         return "aio"
+    if mutant.startswith("joblease.core.transaction."):
+        return "transact"
     if mutant.startswith("joblease.core."):
         return "core"
-    if mutant.startswith("joblease.kube.transact."):
-        return "transact"
     return "sdk"
 
 

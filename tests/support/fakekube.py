@@ -214,44 +214,23 @@ def lease_object(name: str, status: dict[str, Any] | None = None, namespace: str
     return obj
 
 
-class AsyncStoreOver:
-    """A sync ``LeaseStore`` (over the in-memory API server) behind the asyncio store surface.
-
-    Lets the transact tests drive ``atransact`` through exactly the requests, clock and
-    faults they give ``transact``: each test then pins both drivers of the one loop.
-    """
-
-    def __init__(self, store: Any) -> None:
-        self.store = store
-        self.api = _AsyncApiOver(store.api)
-
-    async def get(self, namespace: str, name: str, timeout: float = 10.0) -> Any:
-        return self.store.get(namespace, name, timeout)
-
-    async def write_status(self, observed: Any, status: Any, timeout: float = 10.0) -> Any:
-        return self.store.write_status(observed, status, timeout)
-
-
-class _AsyncApiOver:
-    def __init__(self, api: Any) -> None:
-        self._api = api
-
-    def monotonic(self) -> float:
-        return float(self._api.monotonic())
-
-    async def server_now(self) -> ServerNow:
-        now: ServerNow = self._api.server_now()
-        return now
-
-
 def transact_via_async(store: Any, namespace: str, name: str, decide: Any, **kwargs: Any
                        ) -> Any:
-    """``transact``'s signature, performed by ``atransact`` in a fresh event loop."""
+    """``transact``'s signature, performed by the asyncio client's driver in a fresh loop.
+
+    The same loop (``joblease.core.transaction``) through ``joblease.core.asteps`` — the
+    ``AsyncPort`` and ``AsyncLeaseStore`` the asyncio client uses — over the same in-memory
+    server, clock and faults the test gives ``transact``: each test pins both drivers.
+    """
     import asyncio
 
-    from joblease.kube.transact import atransact
+    from joblease.core.asteps import AsyncPort, adrive
+    from joblease.core.transaction import transaction
+    from joblease.kube.aioleases import AsyncLeaseStore
 
-    return asyncio.run(atransact(AsyncStoreOver(store), namespace, name, decide, **kwargs))
+    api = AsyncFakeKubeApi(store.api)
+    steps = transaction(namespace, name, decide, api.monotonic, **kwargs)
+    return asyncio.run(adrive(steps, AsyncPort(AsyncLeaseStore(api))))  # type: ignore[arg-type]
 
 
 class AsyncFakeKubeApi:

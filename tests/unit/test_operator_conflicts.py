@@ -18,10 +18,10 @@ from prometheus_client import REGISTRY
 
 from joblease.controller.runtime import Operator
 from joblease.controller.settings import OperatorSettings
+from joblease.core.steps import transact
 from joblease.domain.lease import Observed
 from joblease.kube.api import ConflictError, InvalidError
 from joblease.kube.leases import LeaseStore
-from joblease.kube.transact import transact
 from support.fakekube import FakeKubeApi, lease_object
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """``transact``: read, decide, conditional write — against the in-memory API server.
 
-Each test pins one rule of the compare-and-swap step (``joblease.kube.transact``): when it
+Each test pins one rule of the compare-and-swap step (``joblease.core.transaction``): when it
 reads, what it writes and with which precondition, that a 409 means "read and decide
 again" (never a blind retry), that a refusal writes nothing, that a refusal decided from
 a cached version is confirmed from a fresh read, and that it gives up after
@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 
+from joblease.core.steps import transact
+from joblease.core.transaction import MAX_CONFLICTS, ContentionError
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseHeldError, StaleLeaseError
 from joblease.domain.lease import Claim, Observed, Phase, Transition, decide_claim, decide_renew
 from joblease.kube.api import ConflictError, InvalidError
 from joblease.kube.leases import LeaseStore
-from joblease.kube.transact import MAX_CONFLICTS, ContentionError, transact
 from support.fakekube import T_NOW, FakeKubeApi, lease_object, transact_via_async
 
 MARGIN = timedelta(milliseconds=250)
@@ -28,7 +29,7 @@ MARGIN = timedelta(milliseconds=250)
 
 @pytest.fixture(autouse=True, params=["sync", "async"])
 def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs against both drivers of the one loop: ``transact`` and ``atransact``."""
+    """Every test runs against both drivers of the one loop: blocking and asyncio."""
     if request.param == "async":
         monkeypatch.setitem(globals(), "transact", transact_via_async)
     return str(request.param)

@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 
+from joblease.core.steps import transact
+from joblease.core.transaction import ContentionError
 from joblease.domain.lease import decide_claim
 from joblease.kube.api import DEFAULT_TIMEOUT, ConflictError, Response, UnavailableError
 from joblease.kube.leases import LeaseStore
-from joblease.kube.transact import ContentionError, transact
 from support.fakekube import FakeKubeApi, lease_object, transact_via_async
 
 MARGIN = timedelta(milliseconds=250)
@@ -24,7 +25,7 @@ MARGIN = timedelta(milliseconds=250)
 
 @pytest.fixture(autouse=True, params=["sync", "async"])
 def driver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs against both drivers of the one loop: ``transact`` and ``atransact``."""
+    """Every test runs against both drivers of the one loop: blocking and asyncio."""
     if request.param == "async":
         monkeypatch.setitem(globals(), "transact", transact_via_async)
     return str(request.param)

@@ -1,7 +1,7 @@
 """asyncio-native joblease: claim, renew, complete and release JobLeases, hold one, work a pool.
 
 The same protocol as ``joblease.sdk`` (every decision is ``joblease.domain``'s, the
-read–decide–write loop ``joblease.kube.transact``'s), on aiohttp (``AsyncKubeApi``): no
+read–decide–write loop ``joblease.core.transaction``'s), on aiohttp (``AsyncKubeApi``): no
 call blocks the event loop and no thread is started per lease. Reference: ``docs/sdk.md``,
 "asyncio"::
 

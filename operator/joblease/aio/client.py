@@ -19,6 +19,7 @@ from joblease.aio.hold import AsyncLeaseHolding
 from joblease.aio.pool import AsyncPool
 from joblease.core.asteps import AsyncPort, adrive
 from joblease.core.ops import ClientCore, LeaseCore
+from joblease.core.transaction import MAX_CONFLICTS, Outcome
 from joblease.domain.clock import ServerNow
 from joblease.domain.holder import DEFAULT_MARGIN, RENEW_FRACTION
 from joblease.domain.lease import Observed, Phase
@@ -26,7 +27,6 @@ from joblease.domain.pool import DEFAULT_SPREAD
 from joblease.domain.token import FencingToken
 from joblease.kube.aioapi import AsyncKubeApi
 from joblease.kube.aioleases import AsyncLeaseStore
-from joblease.kube.transact import MAX_CONFLICTS, Outcome
 from joblease.kube.transport import AsyncTransport
 
 

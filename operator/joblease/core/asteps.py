@@ -20,10 +20,12 @@ from joblease.core.steps import (
     Steps,
     T,
     Watch,
+    Whoami,
     claim_by,
+    unknown_step,
 )
+from joblease.core.transaction import Read, ServerTime, Write, arun_steps
 from joblease.kube.aioleases import AsyncLeaseStore
-from joblease.kube.transact import Read, ServerTime, Write, arun_steps
 
 
 class AsyncPort:
@@ -59,7 +61,9 @@ class AsyncPort:
             return None if self._calibrate is None else await self._calibrate()
         if isinstance(step, ClaimBy):
             return await claim_by(self._claim, step)
-        return await self.api.whoami()
+        if isinstance(step, Whoami):
+            return await self.api.whoami()
+        raise unknown_step(step)
 
 
 

@@ -34,11 +34,20 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from joblease.core.transaction import (
+    MAX_CONFLICTS,
+    Decide,
+    Outcome,
+    Read,
+    ServerTime,
+    Write,
+    run_steps,
+    transaction,
+)
 from joblease.domain.errors import JobleaseError
 from joblease.domain.lease import Observed
 from joblease.kube.api import DEFAULT_TIMEOUT
 from joblease.kube.leases import LeaseCall, LeaseStore
-from joblease.kube.transact import Read, ServerTime, Write, run_steps
 from joblease.kube.transport import EventStream
 
 T = TypeVar("T")
@@ -156,7 +165,9 @@ class SyncPort:
             return self._calibrate()
         if isinstance(step, ClaimBy):
             return claim_by(self._claim, step)
-        return self.api.whoami()
+        if isinstance(step, Whoami):
+            return self.api.whoami()
+        raise unknown_step(step)
 
     def interrupt(self) -> None:
         """Close the open watch now, from any thread; the operation decides what follows.
@@ -201,6 +212,31 @@ def claim_by(claim: Callable[..., Any] | None, step: ClaimBy) -> Any:
                  max_conflicts=step.max_conflicts)
 
 
+def unknown_step(step: object) -> TypeError:
+    """The error for a step no driver knows: a bug, never a request to guess at.
+
+    Why raise: both drivers used to treat any step they did not recognise as ``Whoami``,
+    so a new step type without a performer would have sent the wrong request (issue 31).
+    """
+    return TypeError(f"no driver performs {type(step).__name__} steps: {step!r}")
+
+
 def drive(steps: Steps[T], port: SyncPort) -> T:
     """Run an operation to its end, performing each step with ``port`` (blocking)."""
     return run_steps(steps, port.perform)
+
+
+def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
+             observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
+             deadline: float | None = None) -> Outcome:
+    """Perform one ``joblease.core.transaction.transaction`` with a thread-safe store.
+
+    The operator's entry point (its reconciler and pod delegation write through it); the
+    clients drive the same loop inside their operations.
+
+    Raises:
+        LeaseError, ApiError, ContentionError: as ``transaction``.
+    """
+    steps = transaction(namespace, name, decide, store.api.monotonic, observed=observed,
+                        max_conflicts=max_conflicts, deadline=deadline)
+    return drive(steps, SyncPort(store))

@@ -4,7 +4,7 @@ What it guarantees
 ------------------
 * **At most one holder per generation.** Every transition is decided from one observed
   version of the object and written with that ``resourceVersion`` as a precondition
-  (``joblease.kube.transact``): of concurrent writers exactly one succeeds, the others get
+  (``joblease.core.transaction``): of concurrent writers exactly one succeeds, the others get
   409 and decide again from a fresh read. A claim always raises ``generation`` by one, so a
   generation is never handed out twice.
 * **Tokens only grow.** ``(epoch, generation)`` (``joblease.domain.token``) never decreases and

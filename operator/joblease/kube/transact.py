@@ -1,261 +1,36 @@
-"""One compare-and-swap step of the lease protocol, shared by every writer.
+"""Where the compare-and-swap loop used to live; kept as a re-export for its old importers.
 
-Every transition — a worker's claim, renew, complete or release, and the operator's
-expire or initialize — goes through :func:`transact` (or :func:`atransact` in asyncio
-code), so there is exactly one place where "read, decide, write conditionally" happens, and
-its rules are the same for everyone.
+The sans-IO loop (``transaction``), its steps and its drivers' loops moved to
+``joblease.core.transaction``, and the operator's blocking entry point ``transact`` to
+``joblease.core.steps`` (issue 31): the loop is the protocol's client side, not HTTP. The
+asyncio path that only a test fake used (``atransact``, ``AsyncStore``, and an
+``AsyncTransport`` that shadowed ``joblease.kube.transport``'s) is gone: the asyncio
+client drives the same loop through ``joblease.core.asteps``.
 
-Why a generator: the loop (:func:`transaction`) is written once, without I/O. It yields
-what it needs — :class:`Read`, :class:`ServerTime`, :class:`Write` — and receives the
-answer, or the exception the request raised. Two small drivers perform those steps: one
-with the thread-safe ``LeaseStore`` and one with the asyncio ``AsyncLeaseStore``. Neither
-decides anything, so the sync and the async client cannot drift apart.
+Why this module stays: the operator's reconciler and pod delegation, and a few modules of
+``core``, still import these names from here (other branches' code at the time of the
+move). It is the one import from ``kube`` up into ``core``, allowed by name in
+pyproject.toml's layers contract; import ``joblease.core.transaction`` in new code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Generator
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from joblease.core.steps import transact
+from joblease.core.transaction import (
+    MAX_CONFLICTS,
+    ContentionError,
+    Decide,
+    Outcome,
+    Read,
+    ServerTime,
+    Transaction,
+    Write,
+    arun_steps,
+    run_steps,
+    transaction,
+)
+from joblease.core.transaction import TransactionStep as Step
 
-from joblease.domain.clock import ServerNow
-from joblease.domain.errors import LeaseError
-from joblease.domain.lease import LeaseStatus, Observed, Transition
-from joblease.kube.api import DEFAULT_TIMEOUT, ConflictError, UnavailableError
-from joblease.kube.leases import LeaseStore
-
-Decide = Callable[[Observed, ServerNow], Transition | None]
-T = TypeVar("T")
-MAX_CONFLICTS = 8
-
-
-class ContentionError(UnavailableError):
-    """Every attempt met a 409: the object changes faster than we can decide.
-
-    An ``UnavailableError`` (so an ``ApiError``): like an unreachable server, it says
-    nothing about who holds the lease, and every retry loop treats it as transient.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(409, "Contention", message)
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What happened: the object as now stored, the transition written (if any), when sent."""
-
-    observed: Observed
-    transition: Transition | None
-    sent: float
-
-
-@dataclass(frozen=True)
-class Read:
-    """Step 1's request: read the JobLease, waiting at most ``timeout`` seconds."""
-
-    namespace: str
-    name: str
-    timeout: float
-
-
-@dataclass(frozen=True)
-class ServerTime:
-    """Step 2's question: the API server's time now (asks the server only if unknown)."""
-
-
-@dataclass(frozen=True)
-class Write:
-    """Step 4's request: write ``status`` if the object is still at ``observed``'s version."""
-
-    observed: Observed
-    status: LeaseStatus
-    timeout: float
-
-
-Step = Read | ServerTime | Write
-Transaction = Generator[Step, Any, Outcome]
-
-
-class AsyncTransport(Protocol):
-    """What :func:`atransact` needs of an asyncio client (``AsyncKubeApi`` has it)."""
-
-    def monotonic(self) -> float:
-        """The local monotonic clock."""
-
-    async def server_now(self) -> ServerNow:
-        """The server's time now."""
-
-
-class AsyncStore(Protocol):
-    """What :func:`atransact` needs of an asyncio store (``AsyncLeaseStore`` has it)."""
-
-    @property
-    def api(self) -> AsyncTransport:
-        """The client the store talks through."""
-
-    async def get(self, namespace: str, name: str, timeout: float = DEFAULT_TIMEOUT
-                  ) -> Observed:
-        """Read one JobLease."""
-
-    async def write_status(self, observed: Observed, status: LeaseStatus,
-                           timeout: float = DEFAULT_TIMEOUT) -> Observed:
-        """Write a status conditionally."""
-
-
-def transaction(namespace: str, name: str, decide: Decide, monotonic: Callable[[], float], *,
-                observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
-                deadline: float | None = None) -> Transaction:
-    """Read, decide and conditionally write one JobLease transition, as a sans-IO loop.
-
-    1. Read the object — unless the caller passes ``observed``, a version it believes is
-       current (a holder renewing from its own last write skips the read).
-    2. Estimate the API server's time now, as an interval (never the local wall clock).
-    3. Decide with the pure protocol. A refusal raises here and nothing is written —
-       but a refusal decided from the caller's cached version is confirmed from a fresh
-       read first, so the error names the server's current holder and generation.
-       ``None`` means there is nothing to do (or the caller's own earlier write is already
-       there: the decisions recognise their own claim, completion and release).
-    4. Write the new status with the read ``resourceVersion`` as precondition.
-    5. On 409 someone else wrote first: go back to 1 with a fresh read and decide again —
-       the new decision may well be a refusal. A conflict is never retried blindly.
-    6. If the write's answer was lost (timeout, connection reset, 5xx) it may or may not
-       have been applied: go back to 1 with a fresh read and decide again, which finds
-       our own write if it landed (step 3) or writes it again conditionally if not.
-
-    ``deadline`` (local monotonic, on ``monotonic``) bounds every request: none waits past
-    it, so a holder never blocks beyond the time its lease has left.
-
-    Yields :class:`Read` (send back the ``Observed``), :class:`ServerTime` (send back a
-    ``ServerNow``) and :class:`Write` (send back the written ``Observed``); a request's
-    exception is thrown back in. Returns the :class:`Outcome`.
-
-    Raises:
-        LeaseError: the protocol refused (from step 3), or the object is gone.
-        ApiError: the API server refused the write for another reason (422 CEL, 403);
-            ``UnavailableError`` if it could not be reached, or ``deadline`` passed.
-        ContentionError: ``max_conflicts`` attempts in a row met 409 (or lost answers).
-    """
-    lost_answer: UnavailableError | None = None
-    for _ in range(max_conflicts):
-        cached = observed is not None
-        current = observed or (yield Read(namespace, name, _timeout(monotonic, deadline)))  # 1
-        observed = None
-        now = yield ServerTime()  # 2
-        try:
-            transition = decide(current, now)  # 3
-        except LeaseError:
-            if not cached:
-                raise
-            continue  # confirm the refusal from a fresh read
-        if transition is None:
-            return Outcome(current, None, monotonic())
-        sent = monotonic()
-        try:
-            written = yield Write(current, transition.status,
-                                  _timeout(monotonic, deadline))  # 4
-        except ConflictError:
-            lost_answer = None
-            continue  # 5
-        except UnavailableError as err:
-            if deadline is not None and monotonic() >= deadline:
-                raise
-            lost_answer = err
-            continue  # 6
-        return Outcome(written, transition, sent)
-    if lost_answer is not None:
-        raise lost_answer  # the last write may have landed: say "unknown", not "refused"
-    raise ContentionError(f"JobLease {namespace}/{name}: {max_conflicts} conflicting writes in a "
-                          "row; giving up (is something rewriting it in a loop?)")
-
-
-def transact(store: LeaseStore, namespace: str, name: str, decide: Decide, *,
-             observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
-             deadline: float | None = None) -> Outcome:
-    """Perform one :func:`transaction` (steps 1-6 there) with a thread-safe store.
-
-    Raises:
-        LeaseError, ApiError, ContentionError: as :func:`transaction`.
-    """
-    steps = transaction(namespace, name, decide, store.api.monotonic, observed=observed,
-                        max_conflicts=max_conflicts, deadline=deadline)
-    return run_steps(steps, lambda step: _perform(store, step))
-
-
-async def atransact(store: AsyncStore, namespace: str, name: str, decide: Decide, *,
-                    observed: Observed | None = None, max_conflicts: int = MAX_CONFLICTS,
-                    deadline: float | None = None) -> Outcome:
-    """Perform one :func:`transaction` (steps 1-6 there) with an asyncio store.
-
-    Raises:
-        LeaseError, ApiError, ContentionError: as :func:`transaction`.
-    """
-    steps = transaction(namespace, name, decide, store.api.monotonic, observed=observed,
-                        max_conflicts=max_conflicts, deadline=deadline)
-    return await arun_steps(steps, lambda step: _perform_async(store, step))
-
-
-def run_steps(steps: Generator[Any, Any, T], perform: Callable[[Any], Any]) -> T:
-    """Run a sans-IO operation to its end: ``perform`` each step, send its answer back.
-
-    A step's ``Exception`` is thrown back into the operation, which sees it exactly as it
-    would see it from a direct call. The one sync driver loop (``joblease.core.steps``
-    drives the client's operations with it too).
-    """
-    answer: Any = None
-    failure: Exception | None = None
-    while True:
-        try:
-            step = steps.send(answer) if failure is None else steps.throw(failure)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            answer, failure = perform(step), None
-        except Exception as err:
-            answer, failure = None, err
-
-
-async def arun_steps(steps: Generator[Any, Any, T],
-                     perform: Callable[[Any], Awaitable[Any]]) -> T:
-    """:func:`run_steps` with an awaited ``perform`` (the one asyncio driver loop).
-
-    A cancellation (a ``BaseException``) is not thrown into the operation: it ends the
-    driver at once, as cancelling a direct ``await`` would.
-    """
-    answer: Any = None
-    failure: Exception | None = None
-    while True:
-        try:
-            step = steps.send(answer) if failure is None else steps.throw(failure)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        try:
-            answer, failure = await perform(step), None
-        except Exception as err:
-            answer, failure = None, err
-
-
-def _perform(store: LeaseStore, step: Step) -> Any:
-    if isinstance(step, Read):
-        return store.get(step.namespace, step.name, step.timeout)
-    if isinstance(step, Write):
-        return store.write_status(step.observed, step.status, step.timeout)
-    return store.api.server_now()
-
-
-async def _perform_async(store: AsyncStore, step: Step) -> Any:
-    if isinstance(step, Read):
-        return await store.get(step.namespace, step.name, step.timeout)
-    if isinstance(step, Write):
-        return await store.write_status(step.observed, step.status, step.timeout)
-    return await store.api.server_now()
-
-
-def _timeout(monotonic: Callable[[], float], deadline: float | None) -> float:
-    """Seconds the next request may take: the client's default, or what is left."""
-    if deadline is None:
-        return DEFAULT_TIMEOUT
-    left = deadline - monotonic()
-    if left <= 0:
-        raise UnavailableError(0, "DeadlineExceeded",
-                               "no time left before the caller's deadline to ask the API server")
-    return min(DEFAULT_TIMEOUT, left)
+__all__ = ["MAX_CONFLICTS", "ContentionError", "Decide", "Outcome", "Read", "ServerTime",
+           "Step", "Transaction", "Write", "arun_steps", "run_steps", "transact",
+           "transaction"]

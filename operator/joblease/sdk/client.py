@@ -16,6 +16,7 @@ from typing import Any
 
 from joblease.core.ops import ClientCore, LeaseCore
 from joblease.core.steps import SyncPort, drive
+from joblease.core.transaction import MAX_CONFLICTS, Outcome
 from joblease.domain.clock import ServerNow
 from joblease.domain.holder import DEFAULT_MARGIN, IDENTITY_HOLDER
 from joblease.domain.lease import Observed, Phase
@@ -24,7 +25,6 @@ from joblease.domain.token import FencingToken
 from joblease.kube.api import KubeApi
 from joblease.kube.identity import default_holder, new_claim_id
 from joblease.kube.leases import LeaseStore
-from joblease.kube.transact import MAX_CONFLICTS, Outcome
 from joblease.kube.transport import Transport
 from joblease.sdk.pool import Pool
 
