@@ -403,3 +403,35 @@ class _SlowCallbacks(logging.Handler):
             logger.removeHandler(self)
 
 
+
+
+def test_the_display_reads_match_the_thread_clients_on_a_real_server(
+        cluster: Any, leases: LeaseClient) -> None:
+    """get_object, events, list_objects, count and server_now: the same answers from both
+    clients (issue 31: the CLI's ls/describe/work use only these, no client internals)."""
+    ns = leases.namespace
+    for i in range(3):
+        leases.store.create(ns, f"job-{i}", {"leaseDurationSeconds": 30}, {"batch": "b1"})
+    leases.store.create(ns, "other", {}, {"batch": "b2"})
+    leases.claim("job-0", holder="a").release(failed=True)  # Available again, one attempt
+    obs = leases.get("job-1")
+    leases.store.post_event(obs, "Normal", "Checked", "by the test")
+
+    async def main() -> tuple[Any, ...]:
+        async with client_for(cluster, ns, calibrate=False) as client:
+            return (await client.get_object("job-1"), await client.events(obs),
+                    await client.list_objects("batch=b1"), await client.count("batch=b1"),
+                    await client.count("batch=b1", phase=Phase.AVAILABLE),
+                    await client.server_now())
+
+    raw, events, objects, total, available, now = run(main)
+    assert raw["metadata"]["labels"] == {"batch": "b1"} and raw == leases.get_object("job-1")
+    assert [e["reason"] for e in events] == ["Checked"] == [
+        e["reason"] for e in leases.events(obs)]
+    assert sorted(o["metadata"]["name"] for o in objects) == ["job-0", "job-1", "job-2"]
+    assert [o["metadata"]["name"] for o in leases.list_objects("batch=b1")] == sorted(
+        o["metadata"]["name"] for o in objects)
+    assert total == 3 == leases.count("batch=b1")
+    # no operator runs here: the new ones have no status (no phase) yet; job-0 is Available
+    assert available == 1 == leases.count("batch=b1", phase=Phase.AVAILABLE)
+    assert abs((now.midpoint - leases.server_now().midpoint).total_seconds()) < 5
