@@ -104,3 +104,29 @@ def test_the_scraped_overdue_gauges_are_the_watched_views() -> None:
     finally:
         metrics.OVERDUE.unwatch(source)
     assert REGISTRY.get_sample_value("joblease_leases_overdue") == 0
+
+
+def test_the_watch_counts_each_kind_of_a_workers_transition() -> None:
+    """``joblease_transitions_total{kind}``: claimed, renewed, released, completed, each moved
+    by the version the watch brings (the dashboard's "Transitions" panel reads them)."""
+    from joblease.controller.runtime import Operator
+    from joblease.controller.settings import OperatorSettings
+    from support.fakekube import lease_object
+
+    def kinds() -> dict[str, float]:
+        return {k: REGISTRY.get_sample_value("joblease_transitions_total", {"kind": k}) or 0.0
+                for k in ("claimed", "renewed", "released", "completed")}
+
+    op = Operator(OperatorSettings())
+    history = [("Available", 1, "2026-12-03T12:00:00Z"), ("Held", 2, "2026-12-03T12:00:00Z"),
+               ("Held", 2, "2026-12-03T12:00:05Z"), ("Available", 2, "2026-12-03T12:00:05Z"),
+               ("Held", 3, "2026-12-03T12:00:07Z"), ("Completed", 3, "2026-12-03T12:00:07Z")]
+    before = kinds()
+    for rv, (phase, generation, renewed) in enumerate(history, start=10):
+        obj = lease_object("job", {"phase": phase, "generation": generation, "epoch": 9,
+                                   "holder": "a", "renewTime": renewed})
+        obj["metadata"]["resourceVersion"] = str(rv)
+        op.observe_lease({"type": "MODIFIED", "object": obj})
+    after = kinds()
+    assert {k: after[k] - before[k] for k in after} == {
+        "claimed": 2, "renewed": 1, "released": 1, "completed": 1}
