@@ -169,3 +169,26 @@ def test_bad_input_is_refused_with_its_reason_before_anything_is_written(
         assert out.stdout == "", (args, out.stdout)
     assert leases.get("job").resource_version == version  # nothing was written
     assert leases.get("job").status.holder in ("", None)
+
+
+def test_the_selector_check_agrees_with_the_api_server(leases: LeaseClient) -> None:
+    """What ``joblease.cli.checks.selector`` accepts the API server accepts, and what it
+    refuses the server refuses too (so the CLI is never stricter than kubectl)."""
+    from joblease.cli.checks import selector
+    from joblease.kube.api import ApiError
+    from unit.test_cli_bad_input import BAD, GOOD_SELECTORS
+
+    for text in GOOD_SELECTORS:
+        assert selector(text) == text
+        leases.list_objects(text)  # raises if the server refuses it
+    refused = [argv[argv.index("-l") + 1] for argv, _ in BAD
+               if "-l" in argv and argv[argv.index("-l") + 1] != "a=b"]  # (refused for more)
+    assert len(refused) >= 8
+    accepted = []
+    for text in refused:
+        try:
+            leases.list_objects(text)
+        except ApiError:
+            continue
+        accepted.append(text)
+    assert accepted == [], "the CLI refuses selectors the API server accepts"

@@ -60,8 +60,9 @@ BAD = [
     (["ls", "-l", "tier in (a,"], "not a label selector: unbalanced '('"),
     (["ls", "-l", "tier in a,b)"], "not a label selector: unbalanced ')'"),
     (["ls", "-l", "a=b,,c"], "not a label selector: '' (an empty term"),
-    (["ls", "-l", "x>y"], "(the value after '>' must be a whole number)"),
-    (["ls", "-l", "tier in ()"], "(the set after 'in' is empty)"),
+    (["ls", "-l", "x>y"], "(the value after '>' must be a whole number, 0 or more)"),
+    (["ls", "-l", "n<-2"], "(the value after '<' must be a whole number, 0 or more)"),
+    (["ls", "-l", "tier in (a b)"], "is not a label value"),
     (["ls", "-l", "a-=x"], "the key 'a-' is not a label name"),
     (["ls", "-l", "Bad_Prefix/x=y"], "the key's prefix 'Bad_Prefix' is not a DNS subdomain"),
     (["ls", "-l", "a=b c"], "not a label selector: 'a=b c'"),
@@ -95,8 +96,8 @@ def test_the_token_is_given_once_and_whole(argv: list[str],
     assert err.count("\n") == 1 and "token" in err, err
 
 
-GOOD_SELECTORS = ["", "a", "!a", "a=b", "a==b", "a!=b", "a=", "tier in (a, b)",
-                  "tier notin (a,b),!x", "example.com/tier=web", "n>3", "n < -2",
+GOOD_SELECTORS = ["", "a", "!a", "tier in ()", "a=b", "a==b", "a!=b", "a=", "tier in (a, b)",
+                  "tier notin (a,b),!x", "example.com/tier=web", "n>3", "n < 2",
                   " a = b , c ", "app.kubernetes.io/name in (x)", "a_b.c-d=E_f.G-1"]
 
 
