@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -192,3 +193,24 @@ def test_the_selector_check_agrees_with_the_api_server(leases: LeaseClient) -> N
             continue
         accepted.append(text)
     assert accepted == [], "the CLI refuses selectors the API server accepts"
+
+
+def test_the_name_and_namespace_checks_agree_with_the_api_server(leases: LeaseClient) -> None:
+    """A JobLease name or namespace the CLI refuses cannot exist: the API server refuses to
+    create it (so no existing lease is out of the CLI's reach)."""
+    from joblease.cli.checks import lease_name, namespace
+    from joblease.kube.api import ApiError
+
+    for bad in ("Job_1", "job-", "a b", "-job", "j" * 254):
+        with pytest.raises(argparse.ArgumentTypeError):
+            lease_name(bad)
+        with pytest.raises(ApiError):
+            leases.store.create(leases.namespace, bad)
+    for good in ("job", "job.v2", "a-b.c-d", "0", "j" * 253):
+        assert lease_name(good) == good
+        leases.store.create(leases.namespace, good)
+    with pytest.raises(argparse.ArgumentTypeError):
+        namespace("a.b")  # a namespace is a label: no dots, as the server requires
+    with pytest.raises(ApiError):
+        leases.api.request("POST", "/api/v1/namespaces",
+                           {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "a.b"}})
