@@ -226,7 +226,15 @@ class Holding(HoldingState[HeldLease]):
 
 
 class AsyncHolding(Holding):
-    """The asyncio flavour: the body's task is cancelled when the lease is lost."""
+    """The asyncio flavour: the body's task is cancelled when the lease is lost.
+
+    Why it stays beside ``joblease.aio.AsyncLeaseHolding``: it guards a lease of the
+    *thread* client (``joblease.sdk.Lease``, renewed by this class's thread) while the body
+    is asyncio code — a program that claims with ``LeaseClient`` and runs its work in an
+    event loop. Its cross-loop cancel and its renewal thread are the price of that mix.
+    New asyncio code should claim with ``joblease.aio.AsyncLeaseClient`` and hold with
+    ``client.hold(lease)``: one task and one timer, no thread (docs/sdk.md).
+    """
 
     def __init__(self, lease: HeldLease, renew_fraction: float = RENEW_FRACTION, *,
                  stop_before: float = 0.0) -> None:
