@@ -91,7 +91,7 @@ def holder(pod: dict[str, Any]) -> str:
     return f"pod:{meta['namespace']}/{meta['name']}/{meta['uid']}"
 
 
-def annotations(cluster: LocalCluster, ns: str, pod: str) -> dict[str, str]:
+def pod_tokens(cluster: LocalCluster, ns: str, pod: str) -> dict[str, str]:
     out = kubectl(cluster, "get", "pod", pod, "-n", ns, "-o", "json")
     ann = json.loads(out.stdout)["metadata"].get("annotations") or {}
     return {k.removeprefix("joblease.dev/"): v for k, v in ann.items()
@@ -148,7 +148,7 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
     wait_for(lambda: lease(cluster, ns, "ingest-0").get("holder") == holder(first), 20,
              "ingest-0 held for the pod of index 0 of its own Job")
     assert lease(cluster, ns, "ingest-0")["generation"] == 1
-    wait_for(lambda: annotations(cluster, ns, "ingest-0-a").get("generation") == "1", 10,
+    wait_for(lambda: pod_tokens(cluster, ns, "ingest-0-a").get("generation") == "1", 10,
              "the token in the holder's annotations")
     # index 3 only once its pod is Ready
     assert lease(cluster, ns, "ingest-3").get("generation", 0) == 0
@@ -160,7 +160,7 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
     assert lease(cluster, ns, "ingest-2").get("generation", 0) == 0  # no opt-in
     assert lease(cluster, ns, "solo-0").get("generation", 0) == 0  # granted to no Job
     for refused_pod in ("other-0", "ingest-1-x", "solo-asker", "ingest-2-a"):
-        assert annotations(cluster, ns, refused_pod) == {}, refused_pod
+        assert pod_tokens(cluster, ns, refused_pod) == {}, refused_pod
     # the opt-in was what held index 2 back: switched on, its pod gets it
     kubectl(cluster, "patch", "jl", "ingest-2", "-n", ns, "--type=merge", "-p",
             '{"spec":{"podDelegation":{"enabled":true}}}')
