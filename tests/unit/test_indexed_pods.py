@@ -227,7 +227,7 @@ def test_a_terminating_holder_is_not_renewed_and_its_replacement_waits_for_the_l
     assert not store.writes  # lapsed: the reconciler marks it (the operator's other loop)
     view = LeaseView()
     view.put(store.objects["ingest-3"])
-    Reconciler(store, view, MARGIN).pass_once()  # type: ignore[arg-type]
+    Reconciler(store, view, MARGIN).pass_once()
     _pass(store, pods)
     st = store.objects["ingest-3"].status
     assert (st.holder, st.generation) == (new.holder, 5)
