@@ -41,8 +41,8 @@ from support.paths import REPO
 from support.postgres import PostgresServer
 from support.waiting import wait_for
 
-DURATION = 4
-STEPS, STEP_SECONDS = 30, 0.5
+DURATION = 8  # above the kubelet + watch + pass latency from a pod's exit to its completion
+STEPS, STEP_SECONDS = 40, 0.5
 GRACE = 120
 JOB = "ingest"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"

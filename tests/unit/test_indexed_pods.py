@@ -249,3 +249,20 @@ def test_plain_delegation_reads_no_owners() -> None:
     pods = JobPods([plain], {})
     _pass(store, pods)
     assert store.objects["ingest"].status.holder == plain.holder and pods.owner_reads == 0
+
+
+def test_a_finished_holder_the_watch_missed_is_finished_at_its_renewal() -> None:
+    """The view still shows the pod Running; the live read before the renewal shows it
+    Succeeded: completed then, not left to lapse."""
+    running = PodInfo.from_object(job_pod(3))
+    store = MemoryStore([_lease(status=_held_by(running))])
+    store.api.now = 5.0  # a renewal is due
+    pods = JobPods([running], {"ingest-3": frozenset({JOB_UID})})
+    pods.pods[running.name] = replace(running, phase="Succeeded", ready=False)
+    leases, view = LeaseView(), PodView()
+    leases.put(store.objects["ingest-3"])
+    view.put(running)
+    Delegator(store, pods, leases, view, MARGIN).pass_once()  # type: ignore[arg-type]
+    st = store.objects["ingest-3"].status
+    assert st.phase is Phase.COMPLETED and st.completion is not None
+    assert st.completion.holder == running.holder

@@ -170,10 +170,13 @@ class Delegator:
         pod = self.pods.get(namespace, name)
         if pod is None or pod.uid != uid or not pod.finished:
             return None
-        st, margin = obs.status, self.margin
-        claim = Claim(holder, st.token(), st.claim_id)
-        decide = indexed.finishing_decision(pod, claim, margin)
-        return self._write(obs, decide), SOON
+        return self._finish(obs, pod), SOON
+
+    def _finish(self, obs: Observed, pod: PodInfo) -> Observed:
+        """Complete (``Succeeded``) or release as failed (``Failed``) for the holder pod."""
+        st = obs.status
+        claim = Claim(st.holder or "", st.token(), st.claim_id)
+        return self._write(obs, indexed.finishing_decision(pod, claim, self.margin))
 
     def _keep_or_let_go(self, obs: Observed) -> tuple[Observed, float]:
         """The lease is held for a pod: renew it if due and the pod still qualifies."""
@@ -185,6 +188,8 @@ class Delegator:
         pod = self.pods.get(namespace, name)
         if pod is None or pod.uid != uid:
             return self._release(obs), SOON  # the pod object is gone: hand over now
+        if pod.per_index and pod.finished:  # the watch missed its end: finish it now
+            return self._finish(obs, pod), SOON
         if (pod.eligible and pod.lease == obs.name and obs.spec.pod_delegation
                 and self._allowed(obs, pod) and self._granted(obs, [pod])):
             claim = Claim(holder, obs.status.token(), obs.status.claim_id)
