@@ -178,6 +178,10 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
                      and s, 20, "ingest-3 released")
     assert freed["attempts"] == 1 and not freed.get("holder")
 
+    # the example a user runs is valid as it stands (the API server's own validation)
+    example = kubectl(cluster, "apply", "--dry-run=server", "-n", ns, "-f",
+                      str(REPO / "examples" / "indexed-job.yaml"), check=False)
+    assert example.returncode == 0, example.stderr
     table = kubectl(cluster, "get", "jl", "-n", ns, "-l", "joblease.dev/job=ingest").stdout
     lines = table.splitlines()[1:]
     assert sorted(line.split()[0] for line in lines) == [f"ingest-{i}" for i in range(4)], table

@@ -266,3 +266,20 @@ def test_a_finished_holder_the_watch_missed_is_finished_at_its_renewal() -> None
     st = store.objects["ingest-3"].status
     assert st.phase is Phase.COMPLETED and st.completion is not None
     assert st.completion.holder == running.holder
+
+
+def test_the_example_job_asks_for_a_lease_per_index_named_like_its_worker() -> None:
+    """examples/indexed-job.yaml, examples/indexed_worker.py and the recipe agree on names."""
+    import yaml
+
+    from support.paths import REPO
+    job = yaml.safe_load((REPO / "examples" / "indexed-job.yaml").read_text())
+    template = job["spec"]["template"]
+    labels = template["metadata"]["labels"]
+    assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["suspend"] is True
+    assert labels["joblease.dev/lease-per-index"] == "true"
+    env = {e["name"]: e.get("value") for e in template["spec"]["containers"][0]["env"]}
+    assert env["JOBLEASE_LEASE_PREFIX"] == labels["joblease.dev/lease"]
+    assert "JOB_COMPLETION_INDEX" in (REPO / "examples" / "indexed_worker.py").read_text()
+    recipe = (REPO / "examples" / "indexed-leases.sh").read_text()
+    assert "name: $prefix-$i" in recipe and "kind: Job" in recipe
