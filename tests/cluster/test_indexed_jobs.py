@@ -116,6 +116,10 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
     ns = namespace
     wait_for(lambda: kubectl(cluster, "get", "sa", "default", "-n", ns,
                              check=False).returncode == 0, 30, "the default ServiceAccount")
+    # before our Job of the same name: the example a user runs is valid as it stands (the API server's own validation)
+    example = kubectl(cluster, "apply", "--dry-run=server", "-n", ns, "-f",
+                      str(REPO / "examples" / "indexed-job.yaml"), check=False)
+    assert example.returncode == 0, example.stderr
     ours, theirs = job(cluster, ns, "ingest", "ingest"), job(cluster, ns, "other", "ingest")
     recipe(cluster, ns, "ingest", "ingest")
     # a lease whose name a pod of ours can ask for, opted in, but granted to no Job
@@ -178,10 +182,6 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
                      and s, 20, "ingest-3 released")
     assert freed["attempts"] == 1 and not freed.get("holder")
 
-    # the example a user runs is valid as it stands (the API server's own validation)
-    example = kubectl(cluster, "apply", "--dry-run=server", "-n", ns, "-f",
-                      str(REPO / "examples" / "indexed-job.yaml"), check=False)
-    assert example.returncode == 0, example.stderr
     table = kubectl(cluster, "get", "jl", "-n", ns, "-l", "joblease.dev/job=ingest").stdout
     lines = table.splitlines()[1:]
     assert sorted(line.split()[0] for line in lines) == [f"ingest-{i}" for i in range(4)], table
