@@ -7,9 +7,10 @@ running and writing). The JobLeases are made by the user's recipe
 (``examples/indexed-leases.sh``), owned by the Job; the operator runs on the host.
 
 (a) The holder of index 0 is deleted with a 120 s grace period and keeps writing: the Job
-controller creates its replacement at once; the replacement is Ready but gets no token until
-the old lease has lapsed; then it writes with the next generation and no row of the old
-generation lands after its first row (the old process is refused and exits long before its
+controller creates its replacement without waiting for it (after its pod-failure backoff of
+10 s: a deleted pod counts as failed); the replacement is Ready while the old pod's lease
+still runs, and gets no token until that lease has lapsed; then it writes with the next
+generation and no row of the old generation lands after its first row (the old process is refused and exits long before its
 grace period ends).
 (b) The holder of index 1 is frozen with SIGSTOP past its lease, deleted (the Job replaces
 it; the replacement takes the lapsed lease at once) and resumed: its in-flight write is
@@ -41,8 +42,13 @@ from support.paths import REPO
 from support.postgres import PostgresServer
 from support.waiting import wait_for
 
-DURATION = 8  # above the kubelet + watch + pass latency from a pod's exit to its completion
-STEPS, STEP_SECONDS = 40, 0.5
+# The Job controller counts a deleted pod as failed and creates its replacement after the
+# pod-failure backoff (10 s for the first, doubling): the lease must outlast that for the
+# replacement to be seen waiting. The old holder is deleted just after a renewal, so its
+# lease has DURATION left; each pod writes long enough to outlive it.
+DURATION = 20
+STEPS, STEP_SECONDS = 80, 0.5
+BACKOFF = 10
 GRACE = 120
 JOB = "ingest"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
@@ -197,6 +203,7 @@ def test_indexed_job_one_fenced_writer_per_index(
                             f"index {i}'s pod to hold its lease and write")
                 for i in (0, 1)}
         (p0, n0), (p1, n1) = held[0], held[1]
+        claimed_until = wait_for(lambda: log.until.get((f"{JOB}-0", n0)), 10, "the lease log")
 
         # (b) freeze index 1's holder: every process of its container
         frozen = nc.container_pids(ns, p1)
@@ -205,6 +212,8 @@ def test_indexed_job_one_fenced_writer_per_index(
         try:
             # (a) delete index 0's holder; it ignores SIGTERM and keeps writing
             followers.append(follow_logs(nc, ns, p0, tmp_path / "p0.log"))
+            wait_for(lambda: log.until[(f"{JOB}-0", n0)] != claimed_until, DURATION,
+                     f"a renewal of {JOB}-0 (the delete comes just after one)")
             deleted_at = time.monotonic()
             nc.kubectl("delete", "pod", p0, "-n", ns, f"--grace-period={GRACE}",
                        "--wait=false", check=True)
@@ -212,9 +221,14 @@ def test_indexed_job_one_fenced_writer_per_index(
                                         if p["metadata"]["name"] != p0), None), 30,
                           "the Job controller to replace index 0's pod")
             replaced_after = time.monotonic() - deleted_at
-            wait_for(lambda: nc.pod_ready(ns, r0), 60, f"{r0} Ready")
+            assert replaced_after < BACKOFF + 10, "not replaced while the old pod still ran"
+            r0_ready = wait_for(lambda: nc.pod_ready(ns, r0), 60, f"{r0} Ready")
             ready_at = datetime.now().astimezone()  # this host is the API server's clock
             still = holder_of(nc, ns, f"{JOB}-0")
+            # Ready, and nothing for it yet: the old pod's lease has not lapsed
+            assert still == (p0, n0), still
+            assert not any(k.startswith("joblease.dev/") for k in
+                           (r0_ready["metadata"].get("annotations") or {})), r0_ready["metadata"]
             taken = wait_for(lambda: (h := holder_of(nc, ns, f"{JOB}-0")) and h[0] == r0 and h,
                              60, f"{r0} to hold {JOB}-0")
             assert taken[1] == n0 + 1
@@ -225,6 +239,7 @@ def test_indexed_job_one_fenced_writer_per_index(
                                 f"{r0} to write with generation {n0 + 1}")
             assert r0_first >= old_until
             waited = (old_until - ready_at).total_seconds()
+            assert waited > 0, (old_until, ready_at)
             # the old pod really was still writing after its deletion, and was refused
             wait_for(lambda: not index_pods_named(nc, ns, 0, p0), GRACE - 30,
                      f"{p0} to end (refused) well before its grace period")
@@ -259,7 +274,7 @@ def test_indexed_job_one_fenced_writer_per_index(
 
         # (c) the Job completes; each index: one Completed lease, the succeeded pod's token
         job = wait_for(lambda: (j := nc.get("job", JOB, "-n", ns))["status"].get("succeeded")
-                       == 4 and j, 240, "the Job to complete")
+                       == 4 and j, 400, "the Job to complete")
         assert job["status"].get("completedIndexes") == "0-3"
         leases = nc.get("jl", "-n", ns, "-l", f"joblease.dev/job={JOB}")["items"]
         assert sorted(x["metadata"]["name"] for x in leases) == [f"{JOB}-{i}" for i in range(4)]
