@@ -10,8 +10,8 @@ running and writing). The JobLeases are made by the user's recipe
 controller creates its replacement without waiting for it (after its pod-failure backoff of
 10 s: a deleted pod counts as failed); the replacement is Ready while the old pod's lease
 still runs, and gets no token until that lease has lapsed; then it writes with the next
-generation and no row of the old generation lands after its first row (the old process is refused and exits long before its
-grace period ends).
+generation and no row of the old generation lands after its first row (the old process is
+refused and exits long before its grace period ends).
 (b) The holder of index 1 is frozen with SIGSTOP past its lease, deleted (the Job replaces
 it; the replacement takes the lapsed lease at once) and resumed: its in-flight write is
 refused by the fence.
