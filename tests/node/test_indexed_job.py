@@ -46,8 +46,8 @@ from support.waiting import wait_for
 # pod-failure backoff (10 s for the first, doubling): the lease must outlast that for the
 # replacement to be seen waiting. The old holder is deleted just after a renewal, so its
 # lease has DURATION left; each pod writes long enough to outlive it.
-DURATION = 20
-STEPS, STEP_SECONDS = 80, 0.5
+DURATION = 30
+STEPS, STEP_SECONDS = 100, 0.5
 BACKOFF = 10
 GRACE = 120
 JOB = "ingest"
