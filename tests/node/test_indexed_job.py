@@ -214,7 +214,7 @@ def test_indexed_job_one_fenced_writer_per_index(
             followers.append(follow_logs(nc, ns, p0, tmp_path / "p0.log"))
             wait_for(lambda: log.until[(f"{JOB}-0", n0)] != claimed_until, DURATION,
                      f"a renewal of {JOB}-0 (the delete comes just after one)")
-            deleted_at = time.monotonic()
+            deleted_at, deleted_wall = time.monotonic(), datetime.now().astimezone()
             nc.kubectl("delete", "pod", p0, "-n", ns, f"--grace-period={GRACE}",
                        "--wait=false", check=True)
             r0 = wait_for(lambda: next((p["metadata"]["name"] for p in index_pods(nc, ns, 0)
@@ -245,6 +245,9 @@ def test_indexed_job_one_fenced_writer_per_index(
                      f"{p0} to end (refused) well before its grace period")
             old_rows = [at for gen, _, at in rows(dsn, f"{JOB}-0") if gen == n0]
             assert max(old_rows) < r0_first, "a row of the old generation landed after the new"
+            # it did keep writing after its deletion, as long as its token was the newest
+            kept = [at for at in old_rows if at > deleted_wall]
+            assert len(kept) >= 10, f"{p0} wrote {len(kept)} rows after its deletion"
             p0_log = (tmp_path / "p0.log").read_text()
             assert "refused by the fence" in p0_log, p0_log[-2000:]
 
@@ -297,6 +300,8 @@ def test_indexed_job_one_fenced_writer_per_index(
             follower.wait(timeout=10)
     print(f"\nindexed job: replacement of index 0 created {replaced_after:.1f}s after the "
           f"delete; when it was Ready the lease was {still} and had {waited:.1f}s to run; "
+          f"the deleted pod wrote {len(kept)} rows after its delete, none after the new "
+          f"generation's first; "
           f"generations {n0}->{n0 + 1}, "
           f"{n1}->{n1_new}; whole run {time.monotonic() - began:.1f}s\n{table.stdout}")
 
