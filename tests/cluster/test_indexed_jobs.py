@@ -116,7 +116,8 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
     ns = namespace
     wait_for(lambda: kubectl(cluster, "get", "sa", "default", "-n", ns,
                              check=False).returncode == 0, 30, "the default ServiceAccount")
-    # before our Job of the same name: the example a user runs is valid as it stands (the API server's own validation)
+    # the example a user runs is valid as it stands (the API server's own validation);
+    # before our Job of the same name exists
     example = kubectl(cluster, "apply", "--dry-run=server", "-n", ns, "-f",
                       str(REPO / "examples" / "indexed-job.yaml"), check=False)
     assert example.returncode == 0, example.stderr
