@@ -7,8 +7,13 @@ alone (``spec.managedBy``): so each hostile variant — a pod of another Job, an
 label, a pod that is not Ready — is one precise object, and "Running/Ready/Succeeded/Failed"
 are status writes as a kubelet would make them. The Job controller and real containers
 are in tests/node/test_indexed_job.py.
+
+The last test repeats the essentials with the operator under the chart's ServiceAccount and
+admission policies (kwok cluster): its one new request (reading a JobLease's owners) is
+within the chart's rules, and completing for a pod passes the policies.
 """
 
+# ruff: noqa: F811  (pytest fixtures imported from kwok_support are redefined as arguments)
 from __future__ import annotations
 
 import json
@@ -18,6 +23,12 @@ from collections.abc import Callable
 from typing import Any
 
 import yaml
+from kwok_support import (
+    kns,  # noqa: F401  (fixture)
+    kwok_cluster,  # noqa: F401  (fixture)
+    operator_as_sa,  # noqa: F401  (fixture)
+    release,  # noqa: F401  (fixture)
+)
 
 from joblease_localcluster import build
 from joblease_localcluster.cluster import LocalCluster
@@ -188,3 +199,23 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
     assert sorted(line.split()[0] for line in lines) == [f"ingest-{i}" for i in range(4)], table
     assert "403" not in operator.output()
     print(f"\n{table}")
+
+
+def test_an_index_lease_under_the_charts_service_account_and_policies(
+        kwok_cluster: LocalCluster, kns: str, operator_as_sa: OperatorProcess) -> None:
+    cluster, ns = kwok_cluster, kns
+    wait_for(lambda: kubectl(cluster, "get", "sa", "default", "-n", ns,
+                             check=False).returncode == 0, 30, "the default ServiceAccount")
+    owner = job(cluster, ns, "ingest", "ingest")
+    recipe(cluster, ns, "ingest", "ingest")
+    # not bound to a node (schedulerName): kwok, which completes Job pods, leaves it alone
+    pod = job_pod(cluster, ns, owner, 1, "ingest-1-a", "ingest")
+    set_status(cluster, ns, "ingest-1-a", "Running", ready=True)
+    wait_for(lambda: pod_tokens(cluster, ns, "ingest-1-a").get("holder") == holder(pod), 30,
+             "the pod's token, claimed and annotated under the chart's identity")
+    set_status(cluster, ns, "ingest-1-a", "Succeeded", ready=False)
+    done = wait_for(lambda: (s := lease(cluster, ns, "ingest-1")).get("phase") == "Completed"
+                    and s, 30, "ingest-1 Completed for its pod")
+    assert done["completion"]["holder"] == holder(pod)
+    out = operator_as_sa.output()
+    assert "403" not in out and "Forbidden" not in out, out[-2000:]
