@@ -16,6 +16,7 @@ import pytest
 from joblease.controller.pods import Delegator, PodView
 from joblease.controller.reconciler import LeaseView, Reconciler
 from joblease.domain.lease import LeaseSpec, LeaseStatus, Observed, Phase
+from joblease.kube.api import UnavailableError
 from joblease.kube.pods import PodInfo
 from support.memstore import T0, MemoryStore
 
@@ -283,3 +284,24 @@ def test_the_example_job_asks_for_a_lease_per_index_named_like_its_worker() -> N
     assert "JOB_COMPLETION_INDEX" in (REPO / "examples" / "indexed_worker.py").read_text()
     recipe = (REPO / "examples" / "indexed-leases.sh").read_text()
     assert "name: $prefix-$i" in recipe and "kind: Job" in recipe
+
+
+@pytest.mark.parametrize("failure", [UnavailableError(0, "Unavailable", "response lost"),
+                                     RuntimeError("unexpected")])
+def test_a_failed_owner_read_claims_nothing_and_the_next_pass_claims(failure: Exception
+                                                                    ) -> None:
+    """No answer (or any exception) about the grant is never read as a grant."""
+    store = MemoryStore([_lease()])
+    pod = PodInfo.from_object(job_pod(3))
+    pods = JobPods([pod], {"ingest-3": frozenset({JOB_UID})})
+    real = pods.lease_job_owners
+
+    def failing(namespace: str, name: str) -> frozenset[str]:
+        raise failure
+
+    pods.lease_job_owners = failing  # type: ignore[method-assign]
+    delegator = _pass(store, pods)
+    assert not store.writes and pods.annotated == []
+    pods.lease_job_owners = real  # type: ignore[method-assign]
+    delegator.pass_once()
+    assert store.objects["ingest-3"].status.holder == pod.holder
