@@ -198,6 +198,14 @@ def test_each_index_pod_gets_its_own_lease_and_nothing_else(
     lines = table.splitlines()[1:]
     assert sorted(line.split()[0] for line in lines) == [f"ingest-{i}" for i in range(4)], table
     assert "403" not in operator.output()
+    # the leases go with their Job (the garbage collector follows the owner references);
+    # a re-created Job of the same name has a new uid, so nothing of the old one grants it
+    kubectl(cluster, "delete", "job", "ingest", "-n", ns, "--wait=false")
+    wait_for(lambda: not json.loads(kubectl(cluster, "get", "jl", "-n", ns, "-l",
+                                            "joblease.dev/job=ingest", "-o", "json").stdout
+                                    )["items"], 60, "the Job's leases to be collected with it")
+    # not owned by it: stays
+    assert kubectl(cluster, "get", "jl", "solo-0", "-n", ns, check=False).returncode == 0
     print(f"\n{table}")
 
 
