@@ -41,6 +41,8 @@ from support.waiting import wait_for
 
 PYTHON_HOME = Path(sys.base_prefix)  # the interpreter the .venv was made from
 VENV_PYTHON = Path(sys.executable)
+# A git worktree runs the main checkout's .venv, which is then outside REPO: mount it too.
+VENV = Path(sys.prefix)
 WORKER = REPO / "tests" / "node" / "podworker.py"
 
 
@@ -110,6 +112,8 @@ def worker_pod(name: str, ns: str, args: list[str], *, lease: str | None = None,
     removing it through the host PID).
     """
     mounts = [PYTHON_HOME, REPO, *extra_mounts]
+    if not VENV.is_relative_to(REPO) and VENV != PYTHON_HOME:
+        mounts.insert(2, VENV)
     volumes: list[dict[str, Any]] = [
         {"name": f"host{i}", "hostPath": {"path": str(p), "type": "Directory"}}
         for i, p in enumerate(mounts)]

@@ -22,6 +22,15 @@ from a downward API volume (``joblease.downward``). For each opted-in lease:
 4. Mirror the token into annotations: the holder pod gets ``joblease.dev/holder``,
    ``epoch``, ``generation`` and ``lease-until``; every other labelled pod gets none.
 
+Indexed Jobs (``docs/indexed-jobs.md``): a pod that also carries
+``joblease.dev/lease-per-index=true`` asks for ``<label>-<completion index>``, and gets it only
+if that JobLease is owned by the pod's own Job (``ownerReferences``, written by whoever
+created the lease: the grant), read live before every claim and renewal
+(:func:`joblease.controller.indexed.granted`). When such a holder pod has finished, the
+operator finishes the lease for it: ``Succeeded`` completes it with the pod's token,
+``Failed`` releases it as a failed attempt. Both at once, not at the next renewal: no
+process of a finished pod runs, and the index's next pod should not wait.
+
 Every lease write is the same compare-and-swap as everyone else's
 (``joblease.kube.transact``), decided by the pure protocol, so a worker that claims the
 lease directly, or a second operator replica, is refused in the usual way. Annotations can
@@ -37,7 +46,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial
 
-from joblease.controller import metrics
+from joblease.controller import indexed, metrics
 from joblease.controller.reconciler import LeaseView, write_basis
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError, format_time
@@ -137,7 +146,7 @@ class Delegator:
         st = obs.status
         delegated = st.phase == Phase.HELD and holder_pod_name(st.holder or "") is not None
         if delegated:
-            obs, wait = self._keep_or_let_go(obs)
+            obs, wait = self._finish_for_pod(obs, pods) or self._keep_or_let_go(obs)
         elif not obs.spec.pod_delegation:
             wait = IDLE_WAKEUP  # not opted in: labelled pods get nothing
         elif st.phase.finished or self._held_unexpired(obs):
@@ -146,6 +155,28 @@ class Delegator:
             obs, wait = self._claim(obs, pods)
         self._mirror(obs, pods)
         return wait
+
+    def _finish_for_pod(self, obs: Observed, pods: list[PodInfo]
+                        ) -> tuple[Observed, float] | None:
+        """Complete or release an index lease whose holder pod has finished; else None.
+
+        The watch only says the pod *may* have finished; the decision rests on the pod read
+        now (that very uid, finished), as a renewal does.
+        """
+        holder = obs.status.holder or ""
+        if not any(p.holder == holder and p.per_index and p.finished for p in pods):
+            return None
+        namespace, name, uid = holder_pod_name(holder) or ("", "", "")
+        pod = self.pods.get(namespace, name)
+        if pod is None or pod.uid != uid or not pod.finished:
+            return None
+        return self._finish(obs, pod), SOON
+
+    def _finish(self, obs: Observed, pod: PodInfo) -> Observed:
+        """Complete (``Succeeded``) or release as failed (``Failed``) for the holder pod."""
+        st = obs.status
+        claim = Claim(st.holder or "", st.token(), st.claim_id)
+        return self._write(obs, indexed.finishing_decision(pod, claim, self.margin))
 
     def _keep_or_let_go(self, obs: Observed) -> tuple[Observed, float]:
         """The lease is held for a pod: renew it if due and the pod still qualifies."""
@@ -157,8 +188,10 @@ class Delegator:
         pod = self.pods.get(namespace, name)
         if pod is None or pod.uid != uid:
             return self._release(obs), SOON  # the pod object is gone: hand over now
+        if pod.per_index and pod.finished:  # the watch missed its end: finish it now
+            return self._finish(obs, pod), SOON
         if (pod.eligible and pod.lease == obs.name and obs.spec.pod_delegation
-                and self._allowed(obs, pod)):
+                and self._allowed(obs, pod) and self._granted(obs, [pod])):
             claim = Claim(holder, obs.status.token(), obs.status.claim_id)
             margin = self.margin
             obs = self._write(obs, lambda o, n: decide_renew(o, claim, n, margin))
@@ -168,6 +201,7 @@ class Delegator:
     def _claim(self, obs: Observed, pods: list[PodInfo]) -> tuple[Observed, float]:
         eligible = sorted((p for p in pods if p.eligible and self._allowed(obs, p)),
                           key=lambda p: (p.created, p.name))
+        eligible = self._granted(obs, eligible)
         margin = self.margin
         for pod in eligible:
             claim_id = f"pod-{pod.uid}-{obs.status.generation + 1}"
@@ -185,6 +219,17 @@ class Delegator:
     def _allowed(obs: Observed, pod: PodInfo) -> bool:
         wanted = obs.spec.delegation_service_account
         return wanted is None or pod.service_account == wanted
+
+    def _granted(self, obs: Observed, pods: list[PodInfo]) -> list[PodInfo]:
+        """The pods whose per-index request this lease grants (plain pods pass unchanged).
+
+        Only read the lease's owners when a per-index pod is among ``pods``: plain
+        delegation keeps its one request per claim.
+        """
+        if not any(p.per_index for p in pods):
+            return pods
+        owners = self.pods.lease_job_owners(obs.namespace, obs.name)
+        return [p for p in pods if indexed.granted(p, owners)]
 
     def _release(self, obs: Observed) -> Observed:
         st, margin = obs.status, self.margin
