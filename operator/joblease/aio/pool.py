@@ -31,7 +31,7 @@ from typing import Generic, Protocol, TypeVar
 from joblease.core.asteps import AsyncPort, adrive
 from joblease.core.claiming import PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, Feed
-from joblease.core.pool_engine import Ask, PoolClock, PoolEngine, Wait
+from joblease.core.pool_engine import Ask, EngineFront, PoolClock, PoolEngine, Wait
 from joblease.core.presence import Presence
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
@@ -66,7 +66,7 @@ class AsyncPoolClient(Protocol[L_co]):
 log = logging.getLogger("joblease.aio")
 
 
-class AsyncPool(Generic[L]):
+class AsyncPool(EngineFront, Generic[L]):
     """The JobLeases of one label selector in the client's namespace, claimed one at a time.
 
     ``async with client.pool(selector) as pool:`` starts the list+watch task (and stops it
@@ -93,26 +93,6 @@ class AsyncPool(Generic[L]):
         self._port = AsyncPort(client.store, claim=client.claim)  # the public claim()
         self._presence_task: asyncio.Task[None] | None = None
 
-    @property
-    def presence(self) -> Presence | None:
-        """This worker's presence (``None`` until the first ``claim_next``, or when off)."""
-        return self.engine.presence
-
-    @property
-    def claims(self) -> int:
-        """Claims won."""
-        return self.engine.claims
-
-    @property
-    def conflicts(self) -> int:
-        """Claims refused (how often claimers collided)."""
-        return self.engine.conflicts
-
-    @property
-    def watch_errors(self) -> int:
-        """Lists or watches that failed and were retried (with backoff)."""
-        return self.engine.watch_errors
-
     def __len__(self) -> int:
         return len(self.view)
 
@@ -136,10 +116,6 @@ class AsyncPool(Generic[L]):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         await self.close()
-
-    def live_workers(self) -> list[str]:
-        """The workers of the pool alive now as it knows them (presence records, holders)."""
-        return self.engine.live_workers()
 
     async def close(self) -> None:
         """Stop watching (idempotent); a waiting ``claim_next`` returns ``None``."""

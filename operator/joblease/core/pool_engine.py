@@ -350,6 +350,40 @@ class PoolEngine:
         self._wake()
 
 
+class EngineFront:
+    """What both pools show of their engine, written once (``Pool`` and ``AsyncPool`` extend it).
+
+    Attributes:
+        engine: The pool's engine.
+    """
+
+    engine: PoolEngine
+
+    @property
+    def presence(self) -> Presence | None:
+        """This worker's presence (``None`` until the first ``claim_next``, or when off)."""
+        return self.engine.presence
+
+    @property
+    def claims(self) -> int:
+        """Claims won."""
+        return self.engine.claims
+
+    @property
+    def conflicts(self) -> int:
+        """Claims refused (409s, refusals decided from a stale cache): collisions."""
+        return self.engine.conflicts
+
+    @property
+    def watch_errors(self) -> int:
+        """Lists or watches that failed and were retried (with backoff)."""
+        return self.engine.watch_errors
+
+    def live_workers(self) -> list[str]:
+        """The pool's workers alive now as it knows them (presence records, holders seen)."""
+        return self.engine.live_workers()
+
+
 def _least(*seconds: float | None) -> float | None:
     known = [s for s in seconds if s is not None]
     return min(known) if known else None

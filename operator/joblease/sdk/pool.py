@@ -37,7 +37,7 @@ from typing import Generic, Protocol, TypeVar
 
 from joblease.core.claiming import PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, LeaseFeed
-from joblease.core.pool_engine import Ask, PoolClock, PoolEngine, Wait
+from joblease.core.pool_engine import Ask, EngineFront, PoolClock, PoolEngine, Wait
 from joblease.core.presence import Presence
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.lease import Observed
@@ -74,7 +74,7 @@ DEFAULT_SYNC_TIMEOUT = 30.0
 log = logging.getLogger(__name__)
 
 
-class Pool(Generic[L]):
+class Pool(EngineFront, Generic[L]):
     """The JobLeases of one label selector, kept current by a watch; claims the next one.
 
     Thread-safe: one pool serves every thread of a worker (``joblease work`` runs K jobs
@@ -125,26 +125,6 @@ class Pool(Generic[L]):
     def _view(self) -> PoolView:
         """The cache (``bench.pool_scale_worker`` times a choice over it)."""
         return self.engine.view
-
-    @property
-    def presence(self) -> Presence | None:
-        """This worker's presence (``None`` until the first ``claim_next``, or when off)."""
-        return self.engine.presence
-
-    @property
-    def claims(self) -> int:
-        """Claims won."""
-        return self.engine.claims
-
-    @property
-    def conflicts(self) -> int:
-        """Claims refused (409s, refusals decided from a stale cache): collisions."""
-        return self.engine.conflicts
-
-    @property
-    def watch_errors(self) -> int:
-        """Lists or watches that failed and were retried (with backoff)."""
-        return self.engine.watch_errors
 
     # -- the public surface ----------------------------------------------------------------
 
@@ -197,10 +177,6 @@ class Pool(Generic[L]):
         with self._changed:
             self._until_listed(self.engine.clock.monotonic() + timeout)
             return self.engine.unfinished()
-
-    def live_workers(self) -> list[str]:
-        """The workers of the pool alive now, as this pool knows them (presence, holders)."""
-        return self.engine.live_workers()
 
     def close(self) -> None:
         """Stop the watch and its thread (idempotent); a waiting ``claim_next`` returns."""
