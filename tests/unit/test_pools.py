@@ -541,6 +541,32 @@ def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
     assert writes(api) == [("PATCH", "job")]  # presence never shows among the JobLease requests
 
 
+def test_a_pool_whose_watch_died_still_leaves_its_presence_on_close(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread pool's ``close()`` returned at once once its watch had died (it took that
+    for "already closed"), leaving its presence thread renewing a record of a dead pool."""
+    api = server(available("job"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
+    assert pool.claim_next("me", timeout=5) is not None
+    deadline = time.monotonic() + 5
+    while not api.presence:
+        assert time.monotonic() < deadline, "presence never wrote its record"
+        time.sleep(0.01)
+    boom = RuntimeError("boom")
+
+    async def die() -> None:  # on the pool's loop, as its feed task would
+        pool.engine.died(boom)
+
+    if kind == "sync":
+        pool.engine.died(boom)
+    else:
+        LOOP.run(die())
+    with pytest.raises(PoolClosedError):
+        pool.claim_next("me", timeout=0)
+    pool.close()
+    assert api.presence == {}  # its record deleted
+
+
 def test_a_pool_without_presence_announces_nothing(
         kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     api = server(available("job"))

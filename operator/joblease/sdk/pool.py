@@ -120,6 +120,7 @@ class Pool(EngineFront, Generic[L]):
         self._thread.start()
         self._presence_stop = threading.Event()
         self._presence_thread: threading.Thread | None = None
+        self._shut = False  # close() ran: the feed and presence are stopped
 
     @property
     def _view(self) -> PoolView:
@@ -179,9 +180,15 @@ class Pool(EngineFront, Generic[L]):
             return self.engine.unfinished()
 
     def close(self) -> None:
-        """Stop the watch and its thread (idempotent); a waiting ``claim_next`` returns."""
-        if not self.engine.close():
-            return
+        """Stop the watch and its thread (idempotent); a waiting ``claim_next`` returns.
+
+        Also after the watch died (the engine is closed then, but presence still runs).
+        """
+        self.engine.close()
+        with self._changed:
+            if self._shut:
+                return
+            self._shut = True
         self.feed.stop()
         self._thread.join(timeout=5)
         self._leave()
