@@ -6,16 +6,18 @@ notice that a holder stopped renewing (no watch event happens at ``leaseUntil``)
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 
 from joblease import InvalidError, LeaseFinishedError, Phase
+from joblease.aio import AsyncLeaseClient
 from joblease.domain.lease import add_time
 from joblease.sdk.client import Lease, LeaseClient
 from joblease.sdk.pool import Pool
@@ -206,6 +208,67 @@ def test_a_waiting_claim_wakes_at_lease_until_plus_margin_when_the_holder_stops(
     assert -0.05 < late < WAKE_BOUND, f"woke {late:+.3f}s from leaseUntil + margin"
     assert pool.feed.counts.events - events <= 1  # at most the echo of its own claim
     pool.close()
+
+
+def claim_when_claimable(cluster: Any, kind: str, namespace: str, selector: str,
+                         claimable: Callable[[timedelta], datetime]) -> tuple[int, float]:
+    """One ``claim_next`` by the ``kind`` pool of a fresh client; the generation it took,
+    and how late it came back after ``claimable(margin)`` had certainly passed, as that
+    client's own clock estimate tells (seconds, negative: early)."""
+    kubeconfig = str(cluster.kubeconfig_for("admin"))
+    if kind == "sync":
+        client = LeaseClient(namespace, kubeconfig=kubeconfig)
+        client.calibrate()
+        with client.pool(selector) as pool:
+            lease = pool.claim_next("w", timeout=10)
+            at = time.monotonic()
+        expected = client.api.clock.monotonic_certain(claimable(client.margin()))
+        client.close()
+        assert lease is not None
+        return lease.generation, at - expected
+
+    async def main() -> tuple[int, float]:
+        async with AsyncLeaseClient(namespace, kubeconfig=kubeconfig) as aclient, \
+                aclient.pool(selector) as apool:
+            await aclient.calibrate()
+            alease = await apool.claim_next("w", timeout=10)
+            came = time.monotonic()
+            assert alease is not None
+            due = aclient.api.clock.monotonic_certain(claimable(await aclient.margin()))
+            return alease.generation, came - due
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_both_pools_wake_when_a_holders_end_and_a_rest_have_certainly_passed(
+        cluster: Any, make_client: Callable[..., LeaseClient], kind: str) -> None:
+    """One engine, one clock (the transport's), both pools: the wake-ups on a real server.
+
+    Neither pool gets an event at ``leaseUntil + margin`` or at ``notBefore``: only its
+    timer, on the transport's monotonic clock and server-time estimate, brings it back.
+    """
+    holder = make_client()
+    holder.calibrate()
+    # 4 s, and a rest of 3 s: time for the pool's client to calibrate (up to 1.5 s) and
+    # list before the moment it must wake at
+    create(holder, "job", leaseDurationSeconds=4)
+    stopped = holder.claim("job", holder="silent")  # never renewed; no operator runs
+    assert stopped.lease_until is not None
+    until = stopped.lease_until
+    generation, late = claim_when_claimable(cluster, kind, holder.namespace, "pool=p",
+                                            lambda margin: add_time(until, margin))
+    print(f"{kind}: woke {late:+.3f}s from leaseUntil + margin")
+    assert generation == 2 and -0.05 < late < WAKE_BOUND
+
+    create(holder, "rests", {"pool": "r"},
+           backoff={"initialSeconds": 3, "factor": 2, "maxSeconds": 6})
+    holder.claim("rests", holder="a").release(failed=True)
+    rest_end = wait_for(lambda: holder.get("rests").status.not_before, 5, "notBefore")
+    generation, late = claim_when_claimable(cluster, kind, holder.namespace, "pool=r",
+                                            lambda _margin: rest_end)
+    print(f"{kind}: woke {late:+.3f}s from notBefore")
+    assert generation == 2 and -0.05 < late < WAKE_BOUND
 
 
 def test_backoff_is_respected_after_a_failed_release_and_after_an_expiry(
