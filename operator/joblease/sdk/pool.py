@@ -100,7 +100,6 @@ class Pool(EngineFront, Generic[L]):
         view: The engine's cache (``PoolView``).
     """
 
-
     def __init__(self, client: PoolClient[L], selector: str, *, spread: int = DEFAULT_SPREAD,
                  watch_seconds: int = WATCH_SECONDS, presence: bool = True) -> None:
         self.selector = selector
