@@ -9,9 +9,11 @@ decides exactly which versions a pool's cache holds; the claims stay real.
 from __future__ import annotations
 
 import threading
+import time
 from datetime import timedelta
 from typing import Any
 
+from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import format_time
 from joblease.domain.lease import Observed
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
@@ -93,3 +95,24 @@ def held_by_other(name: str, until: float, **extra: Any
 def writes(api: FakeKubeApi) -> list[tuple[str, str]]:
     return [(method, path.rsplit("/", 2)[-2] if path.endswith("/status") else
              path.rsplit("/", 1)[-1]) for method, path in api.requests]
+
+
+class RealTimeApi(FakeKubeApi):
+    """A fake server whose clock runs with this process's.
+
+    Its monotonic clock starts at 0 when it is made; ``server_now`` is exact, and the
+    earliest time of the estimate (``clock``, one ``Date`` of one-second resolution) is
+    the same instant, so both pools judge the jobs at the server time the claims do.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = time.monotonic()
+        self.clock = ServerClock()
+        self.clock.observe(0.0, 0.0, int(T_NOW.timestamp()))  # T_NOW is a whole second
+
+    def server_now(self) -> ServerNow:
+        return ServerNow.exact(T_NOW + timedelta(seconds=self.monotonic()))
+
+    def monotonic(self) -> float:
+        return time.monotonic() - self.start

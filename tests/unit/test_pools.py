@@ -1,18 +1,24 @@
 """The two work pools, one behaviour: ``Pool`` and ``AsyncPool`` run the same test bodies.
 
-Issue 23, item 3. The claims are real (either client over the in-memory API server); the
-list+watch is scripted (``support.pools.ScriptedFeed``) so each test decides which versions
-the cache holds — for ``AsyncPool`` its events are delivered on its own event loop, as its
-feed task would. Pinned for both: a claim is one conditional write decided from the cache;
-a lost race costs one write and sets the name aside until a newer version; a lost answer is
-retried with the same claim id and the landed claim adopted; a claim that only recorded
-used-up attempts is not a lease and the cache learns the Failed version; a waiting claim
-takes what the watch brings; ``until_empty``; closing releases a waiting claim; a dead
-watch stops the claims with its cause; a refused first list is raised at once, an
-unreachable one after the timeout, no list at all as ``NotSynced``; presence is announced
-by the first holder and left on close; the client shares one pool per selector until
-closed. The thread pool's own concerns (its clock injection: the pause schedule of lost
-answers, a waiter's wake-up without polling) stay in ``test_sdk_pool.py``.
+Issue 23, item 3; issue 30, item 4 (one engine, ``joblease.core.pool_engine``, driven by
+both). The claims are real (either client over the in-memory API server); the list+watch is
+scripted (``support.pools.ScriptedFeed``) so each test decides which versions the cache
+holds — for ``AsyncPool`` its events are delivered on its own event loop, as its feed task
+would. Pinned for both: a claim is one conditional write decided from the cache; a lost race
+costs one write and sets the name aside until a newer version; a lost answer is retried with
+the same claim id and the landed claim adopted, pausing 50 ms doubling to 2 s and never past
+the timeout; a claim that only recorded used-up attempts is not a lease and the cache learns
+the Failed version; a waiting claim takes what the watch brings, wakes when a holder's end
+has certainly passed without polling, and waits at least ``MIN_WAIT`` for a wake-up that
+looks due; a sibling's failed claim hands its name back at once; ``until_empty``; closing
+releases a waiting claim; a dead watch stops the claims with its cause; a refused first list
+is raised at once, an unreachable one after the timeout, no list at all as ``NotSynced``,
+and no count of unfinished leases is given before a list; ``live_workers`` sends no request;
+presence is announced by the first holder and left on close; the client shares one pool per
+selector until closed.
+
+Time: both pools count every deadline and wait on their transport's clock (the one clock of
+the engine), so a test moves time by moving the fake server's ``monotonic``, for both alike.
 """
 
 from __future__ import annotations
@@ -25,16 +31,28 @@ from typing import Any
 
 import pytest
 
-from joblease.aio.pool import AsyncPool, _Sink
+from joblease.aio import AsyncLeaseClient
+from joblease.aio.pool import AsyncPool
+from joblease.core.pool_engine import MIN_WAIT
 from joblease.core.presence import Presence
 from joblease.core.steps import Stopped, SyncPort, drive
+from joblease.domain.clock import ServerClock
 from joblease.domain.errors import PoolClosedError
+from joblease.domain.pool import PoolView as CacheView
 from joblease.kube.api import ForbiddenError, UnavailableError
 from joblease.kube.leases import LeaseStore
+from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
 from joblease.sdk.pool import Pool
 from support.clients import KINDS, LOOP, Client, LeaseView, client_over, fake_sleep
 from support.fakekube import FakeKubeApi
-from support.pools import ScriptedFeed, available, held_by_other, server, writes
+from support.pools import (
+    RealTimeApi,
+    ScriptedFeed,
+    available,
+    held_by_other,
+    server,
+    writes,
+)
 
 pytestmark = pytest.mark.parametrize("kind", KINDS)
 LOST = UnavailableError(0, "Unavailable", "connection reset")
@@ -70,14 +88,23 @@ class AsyncScriptedFeed(ScriptedFeed):
 
 
 class Waiter:
-    """``pool.claim_next("w", **kwargs)`` in a thread of its own: a worker waiting for work."""
+    """``pool.claim_next("w", **kwargs)`` in a thread of its own: a worker waiting for work.
+
+    What it returned lands in ``got``, what it raised in ``raised``.
+    """
 
     def __init__(self, pool: Any, **kwargs: Any) -> None:
         self.got: list[Any] = []
+        self.raised: list[BaseException] = []
         self.start = time.monotonic()
-        self.thread = threading.Thread(
-            target=lambda: self.got.append(pool.claim_next("w", **kwargs)))
+        self.thread = threading.Thread(target=self._claim, args=(pool, kwargs))
         self.thread.start()
+
+    def _claim(self, pool: Any, kwargs: dict[str, Any]) -> None:
+        try:
+            self.got.append(pool.claim_next("w", **kwargs))
+        except BaseException as err:
+            self.raised.append(err)
 
     def result(self, seconds: float) -> Any:
         """What the claim returned, waiting up to ``seconds`` for it to return."""
@@ -127,7 +154,7 @@ def script_feeds(kind: str, monkeypatch: pytest.MonkeyPatch) -> list[ScriptedFee
     else:
         async def scripted_feed(self: AsyncPool[Any]) -> None:
             made.append(AsyncScriptedFeed(self.client.api.sync))  # AsyncFakeKubeApi's fake
-            await made[-1].arun(_Sink(self))
+            await made[-1].arun(self.engine)
 
         monkeypatch.setattr(AsyncPool, "_feed", scripted_feed)
     return made
@@ -198,7 +225,6 @@ def test_a_lost_answer_is_retried_with_the_same_claim_id_and_a_landed_claim_adop
     api = server(available("first"))
     pool, _ = pool_over(kind, api, pools, monkeypatch)
     slept = fake_sleep(monkeypatch, lambda _: None)
-    monkeypatch.setattr("joblease.sdk.pool.time.sleep", lambda s: slept.append(s))
     real_request = api.request
 
     def request(method: str, path: str, body: Any = None, **kwargs: Any) -> Any:
@@ -214,6 +240,79 @@ def test_a_lost_answer_is_retried_with_the_same_claim_id_and_a_landed_claim_adop
     assert api.stored("ns", "first")["status"]["claimId"] == lease.claim_id  # type: ignore[index]
     assert slept == [0.05]
     assert (pool.claims, pool.conflicts) == (1, 0)
+
+
+@pytest.mark.parametrize(("timeout", "pauses"), [
+    (3.0, [0.05, 0.1, 0.2, 0.4, 0.8]),  # the next pause (1.6) would end past the timeout
+    (10.0, [0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 2.0, 2.0, 2.0]),  # doubling stops at 2 s
+])
+def test_lost_answers_are_retried_doubling_to_two_seconds_never_past_the_timeout(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch,
+        timeout: float, pauses: list[float]) -> None:
+    """The timeout is counted on the transport's clock, which only the pauses move here.
+
+    The thread pool counted it on ``time.monotonic`` (and paused with its own
+    ``time.sleep``): with its sleeps faked it retried until the fake server's refusals ran
+    out, since real time hardly passed.
+    """
+    api = server(available("first"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch)
+
+    def move(seconds: float) -> None:
+        api._monotonic += seconds
+
+    slept = fake_sleep(monkeypatch, move)
+    api.refuse_next = [LOST] * 1000
+    with pytest.raises(UnavailableError) as err:
+        pool.claim_next("w", timeout=timeout)
+    assert err.value is LOST
+    assert [s for s in slept if s != 0.01] == pytest.approx(pauses)  # 0.01: the async feed
+    assert pool.conflicts == 0  # unknown is not refused
+
+
+def test_a_siblings_failed_claim_hands_the_name_back_at_once(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A claim that raises frees its name, and a sibling waiting meanwhile takes it.
+
+    The asyncio pool did not wake its waiting coroutines when a sibling's claim ended
+    without a lease: the one waiting here slept until its timeout.
+    """
+    refused = ForbiddenError(403, "Forbidden", "the admission policy said no")
+    first_call = threading.Event()
+    if kind == "sync":
+        real_claim = LeaseClient.claim
+
+        def claim(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not first_call.is_set():
+                first_call.set()
+                time.sleep(0.3)
+                raise refused
+            return real_claim(self, *args, **kwargs)
+
+        monkeypatch.setattr(LeaseClient, "claim", claim)
+    else:
+        real_aclaim = AsyncLeaseClient.claim
+
+        async def aclaim(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not first_call.is_set():
+                first_call.set()
+                await asyncio.sleep(0.3)
+                raise refused
+            return await real_aclaim(self, *args, **kwargs)
+
+        monkeypatch.setattr(AsyncLeaseClient, "claim", aclaim)
+    api = real_time(server(available("a")), monkeypatch)
+    pool, _ = pool_over(kind, api, pools, monkeypatch)
+    first = Waiter(pool, timeout=5)
+    assert first_call.wait(5)  # claiming "a" now, for 0.3 s
+    second = Waiter(pool, timeout=5)
+    time.sleep(0.1)
+    assert not second.got  # "a" is its sibling's: it waits
+    got = second.result(5)
+    assert got is not None and got.name == "a"
+    assert time.monotonic() - second.start < 2  # woken by the sibling, not by its timeout
+    first.thread.join(5)
+    assert not first.got and first.raised == [refused]  # the first claimer raised it
 
 
 def test_a_claim_that_only_records_used_up_attempts_is_not_a_lease(
@@ -239,6 +338,51 @@ def test_a_waiting_claim_takes_what_the_watch_brings(
     got = waiter.result(10)
     assert got is not None and got.name == "new"
     assert time.monotonic() - waiter.start < 5
+
+
+def count_choices(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every ``PoolView.choose`` from now on (the worker choosing), by either pool."""
+    made: list[str] = []
+    real = CacheView.choose
+
+    def choose(self: CacheView, worker: str, *args: Any, **kwargs: Any) -> Any:
+        made.append(worker)
+        return real(self, worker, *args, **kwargs)
+
+    monkeypatch.setattr(CacheView, "choose", choose)
+    return made
+
+
+def test_a_waiter_wakes_when_a_holders_end_plus_margin_has_certainly_passed_without_polling(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    api = RealTimeApi()
+    wake = 0.4
+    server(held_by_other("busy", wake - DEFAULT_MARGIN.total_seconds()), api=api)
+    pool, _ = pool_over(kind, api, pools, monkeypatch)
+    choices = count_choices(monkeypatch)
+    lease = pool.claim_next("w", timeout=5)
+    assert lease is not None and lease.name == "busy"
+    assert api.monotonic() >= wake
+    assert api.monotonic() < 3  # woken at the end, not at the timeout
+    assert len(choices) < 10  # it slept until then; it did not spin
+
+
+def test_a_wake_up_that_looks_due_already_waits_the_least_wait_not_zero(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An estimate that puts the wake-up at (or before) now must not make a claimer spin.
+
+    Only the asyncio pool had the least wait; the thread pool waited ``max(0, …)`` and chose
+    again at once, as often as the CPU allowed, for as long as the estimate said so.
+    """
+    api = RealTimeApi()
+    server(held_by_other("busy", 3600), api=api)
+    pool, _ = pool_over(kind, api, pools, monkeypatch)
+    monkeypatch.setattr(api.clock, "monotonic_certain", lambda when: 0.0)  # "due long ago"
+    choices = count_choices(monkeypatch)
+    start = time.monotonic()
+    assert pool.claim_next("w", timeout=0.3) is None
+    assert 0.3 <= time.monotonic() - start < 2
+    assert 3 <= len(choices) <= 0.3 / MIN_WAIT + 5  # about one choice per least wait
 
 
 def test_until_empty_returns_at_once_when_nothing_unfinished_is_left(
@@ -289,8 +433,7 @@ def test_a_refused_list_is_raised_not_waited_for(
 def real_time(api: FakeKubeApi, monkeypatch: pytest.MonkeyPatch) -> FakeKubeApi:
     """``api`` with the real monotonic clock (the fake's advances 1 ms per reading).
 
-    A timeout is counted on the transport's monotonic clock by ``AsyncPool`` and on
-    ``time.monotonic`` by ``Pool``; real transports read the same real clock.
+    Both pools count a timeout on their transport's monotonic clock.
     """
     monkeypatch.setattr(api, "monotonic", time.monotonic)
     return api
@@ -314,7 +457,7 @@ def test_no_list_within_the_timeout_is_unavailable(
     api = real_time(server(available("a")), monkeypatch)
     pool, _ = pool_over(kind, api, pools, monkeypatch)
     calls = [lambda: pool.claim_next("w", timeout=0.3)]
-    if kind == "sync":  # the thread pool's unfinished() may wait; the asyncio one's reads
+    if kind == "sync":  # the thread pool's unfinished() may wait; the asyncio one never does
         calls.append(lambda: pool.unfinished(0.3))
     for call in calls:
         start = time.monotonic()
@@ -339,6 +482,35 @@ def test_a_list_that_arrives_while_a_claim_waits_is_used(
     got = waiter.result(10)
     assert got is not None and got.name == "a"
     assert time.monotonic() - waiter.start < 5
+
+
+def test_no_count_of_unfinished_leases_is_given_before_the_first_list(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before a list there is no count: 0 would read as an empty pool (``--until-empty``).
+
+    The asyncio pool's ``unfinished()`` answered 0 before its first list.
+    """
+    monkeypatch.setattr(ScriptedFeed, "never_lists", True)
+    api = real_time(server(available("a")), monkeypatch)
+    pool, feed = pool_over(kind, api, pools, monkeypatch)
+    now: tuple[float, ...] = (0.0,) if kind == "sync" else ()  # the asyncio one never waits
+    with pytest.raises(UnavailableError) as err:
+        pool.unfinished(*now)
+    assert err.value.reason == "NotSynced"
+    monkeypatch.setattr(ScriptedFeed, "never_lists", False)
+    feed.relist()
+    assert pool.unfinished(*now) == 1
+
+
+def test_a_refused_list_is_raised_by_unfinished_too(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    refused = ForbiddenError(403, "Forbidden", "cannot list jobleases")
+    monkeypatch.setattr(ScriptedFeed, "before_list", refused)
+    pool, _ = pool_over(kind, server(available("a")), pools, monkeypatch)
+    with pytest.raises(ForbiddenError) as err:
+        pool.unfinished(*((5.0,) if kind == "sync" else ()))
+    assert err.value is refused
+    assert pool.watch_errors == 1
 
 
 # -- presence (joblease.core.presence) --------------------------------------------------------
@@ -369,12 +541,58 @@ def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
     assert writes(api) == [("PATCH", "job")]  # presence never shows among the JobLease requests
 
 
+def test_a_pool_whose_watch_died_still_leaves_its_presence_on_close(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The thread pool's ``close()`` returned at once once its watch had died (it took that
+    for "already closed"), leaving its presence thread renewing a record of a dead pool."""
+    api = server(available("job"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
+    assert pool.claim_next("me", timeout=5) is not None
+    deadline = time.monotonic() + 5
+    while not api.presence:
+        assert time.monotonic() < deadline, "presence never wrote its record"
+        time.sleep(0.01)
+    boom = RuntimeError("boom")
+
+    async def die() -> None:  # on the pool's loop, as its feed task would
+        pool.engine.died(boom)
+
+    if kind == "sync":
+        pool.engine.died(boom)
+    else:
+        LOOP.run(die())
+    with pytest.raises(PoolClosedError):
+        pool.claim_next("me", timeout=0)
+    pool.close()
+    assert api.presence == {}  # its record deleted
+
+
 def test_a_pool_without_presence_announces_nothing(
         kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     api = server(available("job"))
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=False)
     assert pool.claim_next("me", timeout=5) is not None
     assert pool.presence is None and not api.presence
+
+
+def test_live_workers_sends_no_request_and_knows_no_one_before_any_answer(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read from what the pool knows, on the transport's estimate; never a request.
+
+    The thread pool asked ``server_now()``, which sends ``GET /version`` to a transport that
+    has heard nothing yet; the asyncio one read the estimate, which raised ``RuntimeError``
+    then.
+    """
+    monkeypatch.setattr(ScriptedFeed, "never_lists", True)
+    api = server(held_by_other("busy", 30))
+    api.clock = ServerClock()  # nothing heard yet: no estimate
+    pool, feed = pool_over(kind, api, pools, monkeypatch)
+    assert pool.live_workers() == []
+    api.clock.observe(0.0, 0.0, int(api.now.earliest.timestamp()))  # the list's Date
+    monkeypatch.setattr(ScriptedFeed, "never_lists", False)
+    feed.relist()
+    assert pool.live_workers() == ["other"]  # the holder it caches, until its leaseUntil
+    assert api.requests == []
 
 
 # -- the client's shared pools -----------------------------------------------------------------

@@ -1,0 +1,389 @@
+"""A work pool's decisions, written once: what to claim, how long to wait, what a refusal means.
+
+``joblease.sdk.Pool`` (threads and a condition) and ``joblease.aio.AsyncPool`` (a task and an
+event) used to carry each its own copy of this logic, and the copies drifted: one timed its
+deadlines on ``time.monotonic``, the other on the transport's clock; only one had a least
+wait; ``live_workers`` sent a request in one and read the clock estimate in the other; one
+``unfinished()`` waited for the first list and the other answered 0 before it. A
+:class:`PoolEngine` is the one copy. It performs no I/O and never waits: its drivers feed it
+(it is the feed's :class:`~joblease.core.feed.FeedSink` and presence's
+:class:`~joblease.core.presence.PresenceSink`), ask it what to do, and do it:
+
+* :meth:`PoolEngine.decide` answers one round of a ``claim_next``: a lease to claim (it is
+  then marked as being claimed, so sibling claimers choose others), ``None`` (give up: the
+  timeout passed, the pool is closed, or ``until_empty`` found nothing unfinished), or a
+  :class:`Wait` (how long at most; any change wakes the driver sooner). It raises what the
+  caller must see: a refused first list at once, an unreachable or missing one once the
+  timeout passed, the cause of a dead feed;
+* :meth:`PoolEngine.settle` folds a claim's outcome in (``joblease.core.claiming`` made it):
+  a won lease is learned, a refusal sets the name aside until a newer version (a claim that
+  itself wrote Failed is learned instead), and the name is handed back to the siblings;
+* :meth:`PoolEngine.unfinished`, :meth:`PoolEngine.live_workers`, :meth:`PoolEngine.announce`.
+
+**One clock** (:class:`PoolClock`): the client's transport. Deadlines and waits are counted on
+its ``monotonic()``, the jobs are judged on its server-time estimate at that instant, and a
+wake-up's server time becomes local seconds through the same estimate
+(``ServerClock.monotonic_certain``). Reading time never sends a request: every answer the
+pool waits for before choosing (its first list) carries the ``Date`` header the estimate is
+made of. Tests move time by faking the transport, for both pools alike.
+
+**Locking.** The engine takes its driver's ``guard`` (the thread pool's ``Condition``; a
+no-op for the asyncio pool, whose callers all run on one loop) around every change, and calls
+``wake`` (``notify_all``; replacing the event) after it, with the guard held. A driver waits
+for :attr:`PoolEngine.changes` to move past the value it read before :meth:`decide`, so no
+change slips in between the decision and the wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+from joblease.core.claiming import PooledLease
+from joblease.core.presence import Presence
+from joblease.domain.clock import ServerClock, ServerNow
+from joblease.domain.errors import LeaseFinishedError, PoolClosedError
+from joblease.domain.lease import Observed
+from joblease.domain.pool import PoolView, seconds_until_wake
+from joblease.kube.api import ApiError, UnavailableError
+from joblease.kube.requests import server_time
+
+L = TypeVar("L", bound=PooledLease)
+
+MIN_WAIT = 0.01  # the least wait for a wake-up: an estimate that lands on "now" must not spin
+
+log = logging.getLogger(__name__)
+
+
+class ClockSource(Protocol):
+    """What :class:`PoolClock` reads: a transport's clocks (``Transport``, ``AsyncTransport``)."""
+
+    clock: ServerClock
+
+    def monotonic(self) -> float:
+        """The local monotonic clock every deadline is counted on."""
+
+
+class PoolClock:
+    """A pool's one clock: its transport's monotonic clock and server-time estimate.
+
+    Args:
+        api: The client's transport (either kind).
+        estimate: Reads the server time at ``api.monotonic()`` (default: ``api.clock``'s
+            estimate). The thread pool passes ``KubeApi.server_now``, the same reading taken
+            under the transport's lock, since its request threads fold ``Date`` headers into
+            the estimate meanwhile; it sends a request only when no answer has been seen,
+            which :meth:`PoolEngine.decide` never lets happen (it reads time after a list).
+    """
+
+    def __init__(self, api: ClockSource, estimate: Callable[[], ServerNow] | None = None
+                 ) -> None:
+        self._api = api
+        self._estimate = estimate or self._read
+
+    def monotonic(self) -> float:
+        """Local seconds, the clock of every deadline and wait."""
+        return self._api.monotonic()
+
+    def known(self) -> bool:
+        """Whether any answer has told the server's time yet."""
+        return self._api.clock.known
+
+    def server_now(self) -> ServerNow:
+        """The server's time now, as the transport estimates it (no request)."""
+        return self._estimate()
+
+    def seconds_until(self, wake: datetime) -> float:
+        """Local seconds until the server's earliest time has certainly reached ``wake``."""
+        return seconds_until_wake(self._api.clock, wake, self._api.monotonic())
+
+    def _read(self) -> ServerNow:
+        return server_time(self._api.clock, self._api.monotonic(), "the API server")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """One ``claim_next`` call: who claims, until when (engine clock), how, and when to stop."""
+
+    who: str
+    end: float | None
+    spread: int
+    until_empty: bool = False
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to claim yet: wait for a change, at most ``seconds`` (``None``: no bound)."""
+
+    seconds: float | None
+
+
+Decision = Observed | Wait | None
+
+
+class PoolEngine:
+    """The state and the decisions of one work pool (see the module doc).
+
+    Args:
+        namespace: The pool's namespace (where presence records live).
+        selector: The pool's label selector (named in errors).
+        clock: The pool's one clock.
+        presence: Keep a presence record (``announce`` makes it).
+        guard: Held around every change (a ``threading.Condition``; reentrant).
+        wake: Called, guard held, after every change: waiting claimers look again.
+
+    Attributes:
+        view: The pool's cache (``PoolView``).
+        claims: Claims won.
+        conflicts: Claims refused (how often claimers collided).
+        watch_errors: Lists or watches that failed and were retried.
+        presence: This worker's presence (``None`` until announced, or when off).
+        changes: Moves on every change; a driver waits for it to move.
+    """
+
+    def __init__(self, namespace: str, selector: str | None, clock: PoolClock, *,
+                 presence: bool = True,
+                 guard: AbstractContextManager[Any] | None = None,
+                 wake: Callable[[], None] = lambda: None) -> None:
+        self.namespace = namespace
+        self.selector = selector
+        self.clock = clock
+        self.view = PoolView()
+        self.claims = 0
+        self.conflicts = 0
+        self.watch_errors = 0
+        self.presence: Presence | None = None
+        self.changes = 0
+        self.closed = False
+        self._with_presence = presence
+        self._guard = guard if guard is not None else contextlib.nullcontext()
+        self._wake = wake
+        self._synced = False
+        self._trouble: ApiError | None = None
+        self._dead: Exception | None = None
+        self._claiming: set[str] = set()  # names this pool's claimers are claiming now
+        self._presence_names: set[str] = set()
+
+    # -- what the feed and presence deliver (FeedSink, PresenceSink) -----------------------
+
+    def replace(self, items: list[Observed], resource_version: str) -> None:
+        """A complete list: the view starts over; a claimer waiting for it goes on."""
+        with self._guard:
+            self.view.replace(items, resource_version)
+            self._synced, self._trouble = True, None
+            self._changed()
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        """A watch event."""
+        with self._guard:
+            self.view.apply(event_type, obs)
+            self._changed()
+
+    def bookmark(self, resource_version: str) -> None:
+        """A BOOKMARK: the resume point moved (nothing a claimer waits for)."""
+        with self._guard:
+            self.view.bookmark(resource_version)
+
+    def trouble(self, error: ApiError) -> None:
+        """A list or watch failed (the feed retries): a claimer before the first list sees it."""
+        with self._guard:
+            self.watch_errors += 1
+            self._trouble = error
+            self._changed()
+        log.warning("JobLease pool %r: list/watch failed (%s); retrying", self.selector, error)
+
+    def workers(self, live: dict[str, datetime]) -> None:
+        """The presence records just listed: note them, forget who left (turns change)."""
+        with self._guard:
+            for name in self._presence_names - live.keys():
+                self.view.forget_worker(name)
+            for name, until in live.items():
+                self.view.note_worker(name, until)
+            self._presence_names = set(live)
+            self._changed()
+
+    # -- the pool's life ------------------------------------------------------------------
+
+    def close(self) -> bool:
+        """Mark the pool closed (waiting claimers give up); ``False`` if it already was."""
+        with self._guard:
+            if self.closed:
+                return False
+            self.closed = True
+            self._changed()
+            return True
+
+    def died(self, error: Exception) -> None:
+        """The feed stopped on an unexpected error: claimers get it as ``PoolClosedError``."""
+        log.error("JobLease pool %r: the watch stopped", self.selector, exc_info=error)
+        with self._guard:
+            self._dead, self.closed = error, True
+            self._changed()
+
+    def announce(self, who: str) -> Presence | None:
+        """This worker's presence, made once, by the first holder; the driver runs it."""
+        with self._guard:
+            if not self._with_presence or self.presence is not None or self.closed:
+                return None
+            self.presence = Presence(self.namespace, self.selector, who)
+            return self.presence
+
+    # -- claiming ---------------------------------------------------------------------------
+
+    def ask(self, who: str, timeout: float | None, spread: int, until_empty: bool) -> Ask:
+        """One ``claim_next`` call, its ``timeout`` turned into an end on the engine's clock."""
+        end = None if timeout is None else self.clock.monotonic() + timeout
+        return Ask(who, end, spread, until_empty)
+
+    def decide(self, ask: Ask, margin: timedelta) -> Decision:
+        """One round of ``claim_next``: claim this, give up (``None``), or :class:`Wait`.
+
+        Raises:
+            ApiError: the first list was refused (403, 404, 400), at once; or it could not
+                be had (``UnavailableError``: the feed's last failure, else ``NotSynced``)
+                by the end.
+            PoolClosedError: the feed died of an unexpected error.
+        """
+        with self._guard:
+            waiting = self.await_list(ask.end)
+            if waiting is not None:
+                return waiting
+            if self.closed:
+                self._raise_if_dead()
+                return None  # closed under a waiting claim: a worker's loop ends
+            now = self.clock.server_now()
+            chosen = self.view.choose(ask.who, now, margin, ask.spread, exclude=self._claiming)
+            if chosen is not None:
+                self._claiming.add(chosen.name)  # siblings choose others meanwhile
+                return chosen
+            if ask.until_empty and self.view.unfinished() == 0:
+                return None
+            left = self._left(ask.end)
+            if left is not None and left <= 0:
+                return None
+            return Wait(_least(self._until_wake(self.view.next_wake(now, margin)), left))
+
+    def settle(self, chosen: Observed, outcome: L | Exception | None) -> L | None:
+        """Fold a claim's outcome in; the lease won, or ``None`` (choose again, or it raised).
+
+        ``outcome`` is what ``claim_chosen`` returned: the lease, or the refusal; ``None``
+        when it raised. Either way the name goes back to the sibling claimers, who look again.
+        """
+        with self._guard:
+            self._claiming.discard(chosen.name)
+            self._changed()
+            if outcome is None:
+                return None
+            if isinstance(outcome, Exception):
+                self._refused(chosen, outcome)
+                return None
+            if outcome.observed is not None:
+                self.view.learn(outcome.observed)
+            self.claims += 1
+            return outcome
+
+    def _refused(self, chosen: Observed, refusal: Exception) -> None:
+        written = refusal.written if isinstance(refusal, LeaseFinishedError) else None
+        if isinstance(written, Observed):  # this claim wrote Failed: the view learns it
+            self.view.learn(written)
+            return
+        self.conflicts += 1
+        self.view.set_aside(chosen.name, chosen.resource_version)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def await_list(self, end: float | None) -> Wait | None:
+        """``None`` once the first list arrived (or the pool closed); else how long to wait.
+
+        Raises:
+            ApiError: the list was refused (not transient), or ``end`` passed without one.
+        """
+        with self._guard:
+            if self._synced or self.closed:
+                return None
+            if self._trouble is not None and not isinstance(self._trouble, UnavailableError):
+                raise self._trouble  # 403, 404 (no CRD), 400 (bad selector): not transient
+            left = self._left(end)
+            if left is not None and left <= 0:
+                if self._trouble is not None:
+                    raise self._trouble
+                raise UnavailableError(0, "NotSynced", f"JobLease pool {self.selector!r}: no "
+                                       "list of its leases within the timeout")
+            return Wait(left)
+
+    def unfinished(self) -> int:
+        """Leases not Completed or Failed, as last listed and watched (call after a list)."""
+        with self._guard:
+            return self.view.unfinished()
+
+    def live_workers(self) -> list[str]:
+        """The pool's workers alive now as the engine knows them (no request, ever).
+
+        Workers are known only from answers (a list, presence records), and every answer
+        tells the server's time: with no time known, no worker is known either.
+        """
+        with self._guard:
+            if not self.clock.known():
+                return []
+            return self.view.live_workers(self.clock.server_now())
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _left(self, end: float | None) -> float | None:
+        return None if end is None else end - self.clock.monotonic()
+
+    def _until_wake(self, wake: datetime | None) -> float | None:
+        return None if wake is None else max(MIN_WAIT, self.clock.seconds_until(wake))
+
+    def _raise_if_dead(self) -> None:
+        if self._dead is not None:
+            raise PoolClosedError(f"JobLease pool {self.selector!r}: its watch stopped: "
+                                  f"{self._dead!r}") from self._dead
+
+    def _changed(self) -> None:
+        self.changes += 1
+        self._wake()
+
+
+class EngineFront:
+    """What both pools show of their engine, written once (``Pool`` and ``AsyncPool`` extend it).
+
+    Attributes:
+        engine: The pool's engine.
+    """
+
+    engine: PoolEngine
+
+    @property
+    def presence(self) -> Presence | None:
+        """This worker's presence (``None`` until the first ``claim_next``, or when off)."""
+        return self.engine.presence
+
+    @property
+    def claims(self) -> int:
+        """Claims won."""
+        return self.engine.claims
+
+    @property
+    def conflicts(self) -> int:
+        """Claims refused (409s, refusals decided from a stale cache): collisions."""
+        return self.engine.conflicts
+
+    @property
+    def watch_errors(self) -> int:
+        """Lists or watches that failed and were retried (with backoff)."""
+        return self.engine.watch_errors
+
+    def live_workers(self) -> list[str]:
+        """The pool's workers alive now as it knows them (presence records, holders seen)."""
+        return self.engine.live_workers()
+
+
+def _least(*seconds: float | None) -> float | None:
+    known = [s for s in seconds if s is not None]
+    return min(known) if known else None
