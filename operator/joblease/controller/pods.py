@@ -122,8 +122,8 @@ class Delegator:
         wakeup = IDLE_WAKEUP
         for (namespace, name), pods in self.pod_view.by_lease().items():
             obs = self.lease_view.get(namespace, name)
-            if obs is None or not obs.has_status:
-                continue  # not created yet, or the reconciler initializes it first
+            if obs is None:
+                continue  # not created yet (or not yet seen on the watch)
             try:
                 wakeup = min(wakeup, self._visit(obs, pods))
             except (LeaseError, ApiError) as err:

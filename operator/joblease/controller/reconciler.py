@@ -1,4 +1,4 @@
-"""The operator's time-driven work over the leases it has seen: expire, initialize, TTL.
+"""The operator's time-driven work over the leases it has seen: expire, TTL.
 
 One loop for all leases (not a kopf timer per object, which would add a finalizer to each
 and cost a task per object): every pass visits the in-memory view, performs the due
@@ -26,7 +26,6 @@ from joblease.domain.lease import (
     Transition,
     add_time,
     decide_expire,
-    decide_initialize,
     ttl_expired,
 )
 from joblease.kube.api import ApiError, NotFoundError
@@ -36,9 +35,9 @@ from joblease.kube.transact import ContentionError, transact
 log = logging.getLogger("joblease.operator")
 IDLE_WAKEUP = 5.0
 MAX_WRITES_PER_PASS = 256
-URGENCY = {"expire": 0, "initialize": 1, "delete": 2}  # the order due writes are performed in
+URGENCY = {"expire": 0, "delete": 1}  # the order due writes are performed in
 EVENT_REASONS = {"claimed": "Claimed", "completed": "Completed", "released": "Released",
-                 "expired": "Expired", "failed": "Failed", "initialized": "Created"}
+                 "expired": "Expired", "failed": "Failed"}
 
 
 def compact(obs: Observed) -> Observed:
@@ -183,10 +182,6 @@ class Reconciler:
     def _visit(self, obs: Observed, now: ServerNow,
                schedule: Callable[[str, Callable[[], None]], None]) -> float:
         st = obs.status
-        if not obs.has_status:
-            schedule("initialize", partial(self._write, obs,
-                                           lambda o, n: decide_initialize(o, n)))
-            return IDLE_WAKEUP
         if st.phase == Phase.HELD and st.lease_until is not None:
             due = (add_time(st.lease_until, self.margin) - now.earliest).total_seconds()
             if due <= 0:
