@@ -60,7 +60,9 @@ from joblease.kube.transact import transact
 log = logging.getLogger("joblease.operator.pods")
 HOLDER_PREFIX = "pod:"
 RENEW_FRACTION = 1 / 3
-IDLE_WAKEUP = 2.0
+# Nothing due for a while: look again in a second (pods change without waking this loop;
+# the runtime's loop caps every wait at 1 s anyway, so a longer value would not act).
+IDLE_WAKEUP = 1.0
 SOON = 0.05
 
 Decide = Callable[[Observed, ServerNow], Transition | None]
