@@ -73,3 +73,51 @@ def test_an_unreadable_event_is_counted_and_the_next_one_stored() -> None:
     operator.observe_lease({"type": "ADDED", "object": lease_object("good", HELD)})
     assert metrics.OBJECT_ERRORS.labels("read")._value.get() == before + 1
     assert [o.name for o in operator.view.snapshot()] == ["good"]
+
+
+def test_the_reconcile_loop_wakes_when_something_becomes_due_sooner() -> None:
+    """The pass planned to sleep 1 s; a new version due now must not wait for that."""
+    import asyncio
+    import time
+
+    from joblease.controller.runtime import _loop
+
+    async def scenario() -> list[float]:
+        passes: list[float] = []
+        woken = asyncio.Event()
+
+        def pass_once() -> float:
+            passes.append(time.monotonic())
+            return 1.0
+
+        task = asyncio.create_task(_loop(pass_once, woken=woken))
+        while not passes:
+            await asyncio.sleep(0.01)
+        woken.set()  # what LeaseView.on_sooner does, through the loop
+        while len(passes) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        return passes
+
+    passes = asyncio.run(scenario())
+    assert passes[1] - passes[0] < 0.5
+
+
+def test_an_operator_wakes_its_loop_from_the_feeds_thread() -> None:
+    import asyncio
+    import threading
+
+    from joblease.controller.runtime import Operator
+
+    async def scenario() -> bool:
+        operator = Operator(OperatorSettings())
+        operator._loop = asyncio.get_running_loop()
+        operator._due_sooner = asyncio.Event()
+        thread = threading.Thread(target=operator.observe, args=(lease("due", {
+            **HELD, "leaseUntil": "2026-01-01T00:00:00Z"}),))
+        thread.start()
+        thread.join()
+        await asyncio.wait_for(operator._due_sooner.wait(), 2)
+        return operator._due_sooner.is_set()
+
+    assert asyncio.run(scenario())
