@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from kwok_support import (
@@ -23,7 +24,15 @@ from kwok_support import (
 )
 
 from joblease.domain.errors import LeaseFinishedError
-from joblease.domain.lease import Claim, Observed, decide_complete, decide_renew
+from joblease.domain.lease import (
+    Claim,
+    Observed,
+    Transition,
+    decide_claim,
+    decide_complete,
+    decide_renew,
+    epoch_of,
+)
 from joblease.domain.token import FencingToken
 from joblease.kube.api import ForbiddenError
 from joblease.kube.transact import transact
@@ -132,3 +141,31 @@ def test_a_claim_finding_the_attempts_used_up_is_refused_as_finished_not_forbidd
         assert pool.claim_next(holder="bob", timeout=2.0) is None
     stored = clients["bob"].get("job").status
     assert (stored.phase.value, stored.holder, stored.generation) == ("Held", "alice", 1)
+
+
+def test_a_claimer_cannot_choose_its_own_epoch(kwok_cluster: LocalCluster, kns: str,
+                                               clients: dict[str, LeaseClient]) -> None:
+    """Issue 28: a born-initialised JobLease has no epoch; its first claim records one.
+
+    An epoch chosen low would make this incarnation's tokens rank below an earlier
+    incarnation's at a fencing target; chosen high, below nothing ever again. The CRD's
+    rules cannot see ``metadata.resourceVersion``; the holder-only policy can, and it
+    refuses any first epoch but the resourceVersion the claim was decided from.
+    """
+    _lease(kwok_cluster, kns, "job")
+    bob = clients["bob"]
+    assert bob.get("job").status.epoch is None  # the CRD's default carries none
+    for chosen in (lambda rv: 1, lambda rv: rv + 1000):
+        def claim_with(o: Observed, n: object, chosen: Callable[[int], int] = chosen
+                       ) -> Transition:
+            t = decide_claim(o, "bob", n, DEFAULT_MARGIN, "bob-1")  # type: ignore[arg-type]
+            assert t is not None
+            return replace(t, status=replace(t.status, epoch=chosen(epoch_of(o))))
+
+        with pytest.raises(ForbiddenError) as denied:
+            _as(bob, "job", claim_with)
+        assert "status.epoch of JobLease job must be the resourceVersion the first claim " \
+               "read" in denied.value.message
+    read = bob.get("job")
+    lease = bob.claim("job", holder="bob")
+    assert (lease.generation, lease.token.epoch) == (1, int(read.resource_version))

@@ -91,7 +91,9 @@ class ModelServer:
             raise ModelError(409, f'jobleases "{name}" already exists')
         obj = {"apiVersion": "joblease.dev/v1alpha1", "kind": "JobLease",
                "metadata": {**self._metadata(name, labels), "generation": 1},
-               "spec": {"leaseDurationSeconds": 30, **spec}}
+               "spec": {"leaseDurationSeconds": 30, **spec},
+               # The CRD's default (issue 28): every read shows it, nobody wrote it.
+               "status": clone(DEFAULT_STATUS)}
         self.objects[name] = obj
         self.events.append(Event("ADDED", clone(obj)))
         return clone(obj)
@@ -248,6 +250,10 @@ def merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
     return target
 
 
+DEFAULT_STATUS: dict[str, Any] = {"phase": "Available", "generation": 0, "attempts": 0}
+"""The CRD's ``status.default``: what a JobLease nobody has written reads as."""
+
+
 def status_violation(old: dict[str, Any], new: dict[str, Any], first: bool = False
                      ) -> str | None:
     """The first CRD rule ``new`` breaks given ``old`` (``None``: accepted).
@@ -256,6 +262,8 @@ def status_violation(old: dict[str, Any], new: dict[str, Any], first: bool = Fal
     time fields, in the same order, with the same meaning. A first status (``first``) has
     no old value, so the API server evaluates none of the transition rules on it — only
     the root rule that bounds what a first status may carry, and the rules on ``self``.
+    Under the CRD's status default (issue 28) that never happens: every stored object reads
+    with a status (``DEFAULT_STATUS``), and a first write meets the transition rules.
     """
     og, ng = old.get("generation", 0), new.get("generation", 0)
     if first:

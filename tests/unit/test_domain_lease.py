@@ -21,7 +21,6 @@ from joblease.domain.lease import (
     decide_claim,
     decide_complete,
     decide_expire,
-    decide_initialize,
     decide_release,
     decide_renew,
     ttl_expired,
@@ -171,9 +170,23 @@ def test_max_attempts_turns_the_lease_failed() -> None:
         decide_claim(roundtrip(o, t.status), "c", at(5), MARGIN)
 
 
-def test_initialize_only_without_status_and_ttl_counts_from_finish() -> None:
-    assert decide_initialize(obs(None), at(0)) is not None
-    assert decide_initialize(obs(LeaseStatus()), at(0)) is None
+def test_a_defaulted_status_and_no_status_decide_the_same_first_claim() -> None:
+    """Issue 28: a JobLease is born initialised (the CRD's default, Available/0, no epoch).
+
+    A lease stored before the default existed reads the same through the new CRD; one read
+    through an older CRD has no status at all. Either way the first claim takes the epoch
+    from the resourceVersion it read, and nothing else differs.
+    """
+    defaulted = LeaseStatus.from_dict({"phase": "Available", "generation": 0, "attempts": 0})
+    assert defaulted == LeaseStatus()
+    born = decide_claim(obs(defaulted, rv="4711"), "a", at(0), MARGIN, "id")
+    bare = decide_claim(obs(None, rv="4711"), "a", at(0), MARGIN, "id")
+    assert born is not None and bare is not None
+    assert born.status == bare.status
+    assert (born.status.epoch, born.status.generation) == (4711, 1)
+
+
+def test_ttl_counts_from_finish() -> None:
     o = obs(LeaseStatus(), ttl_seconds_after_finished=60)
     o = roundtrip(o, decide_claim(o, "a", at(0), MARGIN).status)
     assert not ttl_expired(o, at(100))

@@ -33,7 +33,6 @@ from joblease.domain.lease import (
     decide_claim,
     decide_complete,
     decide_expire,
-    decide_initialize,
     decide_release,
     decide_renew,
     epoch_of,
@@ -472,16 +471,18 @@ def test_expire_fails_the_lease_exactly_when_attempts_reach_max() -> None:
         Phase.FAILED, T0 + MARGIN, None)
 
 
-def test_initialize_records_the_epoch_and_a_created_condition() -> None:
+def test_an_operator_initialised_status_keeps_its_epoch_at_the_first_claim() -> None:
+    """Upgrade: a status written by an operator before issue 28 carries an epoch already.
+
+    The first claim keeps it (the CRD's rule makes the epoch immutable once set) instead of
+    taking the resourceVersion it read; a born-initialised status has none and takes it.
+    """
     now = ServerNow(T0, T0 + timedelta(seconds=2))
-    t = decide_initialize(obs(None, rv="4711"), now)
-    assert t is not None and t.kind == "initialized"
-    assert t.message == "created; available to claim"
-    assert (t.status.phase, t.status.epoch, t.status.generation) == (Phase.AVAILABLE, 4711, 0)
-    assert cond(t.status, "Held") == {
-        "type": "Held", "status": "False", "reason": "Created", "message": t.message,
-        "lastTransitionTime": format_time(T0 + timedelta(seconds=1)), "observedGeneration": 7}
-    assert decide_initialize(obs(LeaseStatus()), now) is None
+    initialised = LeaseStatus(epoch=4711)
+    t = decide_claim(obs(initialised, rv="5000"), "a", now, timedelta(0))
+    assert t is not None and (t.status.epoch, t.status.generation) == (4711, 1)
+    t = decide_claim(obs(LeaseStatus(), rv="5000"), "a", now, timedelta(0))
+    assert t is not None and (t.status.epoch, t.status.generation) == (5000, 1)
 
 
 # --- status, spec and object parsing -----------------------------------------------------------

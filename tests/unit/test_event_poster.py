@@ -83,17 +83,3 @@ def test_a_poster_refuses_a_rate_it_cannot_keep() -> None:
 
     with pytest.raises(ValueError, match="rate > 0"):
         EventPoster(FakeStore(), rate=0)  # type: ignore[arg-type]
-
-
-def test_created_events_have_a_smaller_bucket_of_their_own() -> None:
-    """A flood of new JobLeases does not crowd out the Events of claims and expiries."""
-    store = FakeStore()
-    poster = EventPoster(store, capacity=1000, rate=100.0, burst=50,  # type: ignore[arg-type]
-                         clock=lambda: 0.0)
-    for _ in range(40):
-        poster.post(OBS, "Normal", "Created", "m")
-    for _ in range(3):
-        poster.post(OBS, "Warning", "Expired", "m")
-    poster.close()
-    assert store.posted.count("Created") == 5  # a tenth of the burst
-    assert store.posted.count("Expired") == 3

@@ -13,13 +13,21 @@ import contextlib
 import json
 import sys
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
 
 from joblease.core.asteps import AsyncPort, adrive
-from joblease.core.feed import RETRY_FIRST, RETRY_MAX, UNFINISHED, Feed, LeaseFeed, retry_pause
+from joblease.core.feed import (
+    RETRY_FIRST,
+    RETRY_MAX,
+    UNFINISHED,
+    Feed,
+    LeaseFeed,
+    compact_lease,
+    retry_pause,
+)
 from joblease.core.steps import Sleep
 from joblease.domain.lease import Observed
 from joblease.domain.pool import PoolView
@@ -334,3 +342,125 @@ def test_a_retry_pause_is_jittered_between_half_and_all_of_its_doubling_step() -
         pauses = [retry_pause(failures) for _ in range(50)]
         assert all(step / 2 <= p <= step for p in pauses), (failures, min(pauses), max(pauses))
         assert max(pauses) - min(pauses) > step / 10  # jittered, not one value
+
+
+# -- issue 28: the operator's feed, page by page, compact, finished leases included ---------
+
+class PagedRecorder:
+    """A ``PagedFeedSink``: records each call, keeps no list of its own."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def list_started(self) -> None:
+        self.calls.append("started")
+
+    def list_page(self, items: list[Observed]) -> None:
+        self.calls.append(f"page {[(o.name, o.status.phase.value) for o in items]}")
+
+    def list_done(self, resource_version: str) -> None:
+        self.calls.append(f"done @{resource_version}")
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        self.calls.append(f"{event_type} {obs.name}")
+
+    def bookmark(self, resource_version: str) -> None:
+        self.calls.append(f"bookmark @{resource_version}")
+
+    def trouble(self, error: Exception) -> None:
+        self.calls.append(f"trouble {error}")
+
+
+def run_paged(api: ScriptedApi, **kwargs: Any) -> tuple[Feed, PagedRecorder]:
+    sink = PagedRecorder()
+    if DRIVER == "sync":
+        feed = LeaseFeed(LeaseStore(api), "", None, watch_seconds=7, **kwargs)  # type: ignore[arg-type]
+        api.feed = feed
+        feed.run(sink)
+        return feed, sink
+    aapi = AsyncScripted(api)
+    api.feed = aapi  # type: ignore[assignment]
+    afeed = Feed("", None, watch_seconds=7, **kwargs)
+
+    async def main() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await adrive(afeed.steps(sink), AsyncPort(AsyncLeaseStore(aapi)))  # type: ignore[arg-type]
+
+    asyncio.run(main())
+    return afeed, sink
+
+
+def test_a_paged_sink_gets_each_page_as_it_is_read_and_relists_after_410() -> None:
+    """The operator's view: no list of every JobLease is collected before it is stored."""
+    first = listing(10, "a", token="t1")
+    first["items"].append(obj("done", 5, phase="Completed"))
+    api = ScriptedApi(lists=[first, listing(10, "b"), listing(40, "c")],
+                      watches=[[{"type": "MODIFIED", "object": obj("a", 11, "Failed")}],
+                               [gone_event()], []])
+    feed, sink = run_paged(api, include_finished=True, page_size=2)
+    assert sink.calls == [
+        "started", "page [('a', 'Available'), ('done', 'Completed')]",
+        "page [('b', 'Available')]", "done @10",
+        "MODIFIED a",  # a finished lease stays in the selection (TTL deletion needs it)
+        "started", "page [('c', 'Available')]", "done @40"]
+    lists = [query for kind, query in api.sent if kind == "list"]
+    assert all("fieldSelector" not in q and "labelSelector" not in q for q in lists)
+    assert [q.get("continue") for q in lists] == [None, "t1", None]
+    assert lists[0]["limit"] == "2"
+    assert (feed.counts.lists, feed.counts.gone) == (2, 1)
+
+
+def test_an_unreadable_object_in_a_page_or_an_event_is_skipped_and_reported() -> None:
+    bad = {"metadata": {"name": "bad", "namespace": "ns", "resourceVersion": "3"},
+           "status": {"generation": "not a number"}}
+    page = listing(10, "a", "b")
+    page["items"].insert(1, bad)
+    api = ScriptedApi(lists=[page], watches=[[{"type": "ADDED", "object": bad},
+                                              {"type": "ADDED", "object": obj("c", 11)}]])
+    refused: list[str] = []
+    feed, sink = run_paged(api, include_finished=True,
+                           on_unreadable=lambda o, err: refused.append(o["metadata"]["name"]))
+    assert sink.calls == ["started", "page [('a', 'Available'), ('b', 'Available')]",
+                          "done @10", "ADDED c"]
+    assert refused == ["bad", "bad"] and feed.counts.unreadable == 2
+
+
+def test_the_decoder_shapes_what_the_sink_gets() -> None:
+    api = ScriptedApi(lists=[listing(10, "a")], watches=[])
+    decoded: list[str] = []
+
+    def decode(raw: dict[str, Any]) -> Observed:
+        decoded.append(raw["metadata"]["name"])
+        return compact_lease(raw)
+
+    run_paged(api, include_finished=True, decode=decode)
+    assert decoded == ["a"]
+
+
+def test_a_compact_record_keeps_what_the_operator_decides_from_and_shares_the_rest() -> None:
+    """What the view keeps per lease (docs/operations.md gives its size)."""
+    def lease(name: str, status: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "batch", "uid": f"uid-{name}",
+                             "resourceVersion": "7", "generation": 1,
+                             "creationTimestamp": "2026-12-03T11:00:00Z",
+                             "labels": {"queue": "nightly"},
+                             "managedFields": [{"manager": "kubectl", "fieldsV1": {}}]},
+                "spec": {"leaseDurationSeconds": 30, "ttlSecondsAfterFinished": 60,
+                         "podDelegation": {"enabled": True}},
+                "status": status}
+    held = {"phase": "Held", "holder": "system:serviceaccount:batch:worker", "generation": 3,
+            "epoch": 5, "acquireTime": "2026-12-03T12:00:00Z",
+            "renewTime": "2026-12-03T12:00:10Z", "leaseUntil": "2026-12-03T12:00:40Z",
+            "claimId": "c1", "attempts": 1,
+            "conditions": [{"type": "Held", "status": "True", "reason": "Claimed",
+                            "message": "claimed", "lastTransitionTime": "2026-12-03T12:00:00Z"}]}
+    full = Observed.from_object(lease("a", held))
+    a, b = compact_lease(lease("a", held)), compact_lease(lease("b", held))
+    assert a.status.conditions == () and a.status.acquire_time is None
+    assert a.status == replace(full.status, conditions=(), acquire_time=None)
+    assert (a.spec, a.uid, a.resource_version, a.created) == (
+        full.spec, full.uid, full.resource_version, full.created)
+    assert a.spec is b.spec and a.status.holder is b.status.holder
+    born = [compact_lease(lease(n, {"phase": "Available", "generation": 0, "attempts": 0}))
+            for n in ("c", "d")]
+    assert born[0].status is born[1].status and born[0].status.epoch is None

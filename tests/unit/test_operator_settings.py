@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -206,13 +207,30 @@ def test_the_registry_is_write_free_and_import_registers_nothing() -> None:
     # a login handler: without one kopf has no credentials ("Ran out of valid credentials")
     assert {h.id for h in registry._activities.get_all_handlers()} == {
         "login_via_client", "start", "stop"}
-    assert len(registry._watching.get_all_handlers()) == 2
+    watching = registry._watching.get_all_handlers()
+    assert [h.id for h in watching] == ["on_pod_event"]  # JobLeases: the run's own feed
+    assert all(inspect.iscoroutinefunction(h.fn) for h in watching)  # no thread hop
     assert not registry._changing.get_all_handlers()  # create/update/delete: would write
     assert not registry._spawning.get_all_handlers()  # timers/daemons: would write
     assert not registry._webhooks.get_all_handlers()
     default = kopf.get_default_registry()
     assert not [h for h in default._watching.get_all_handlers()
                 if h.fn.__module__.startswith("joblease")]
+
+
+def test_kopf_asks_the_server_for_labelled_pods_only_and_in_pages() -> None:
+    """Issue 28: ``labels=`` on a handler filtered on the client, after every pod in scope
+    was listed and remembered; the selector must reach the API server's query."""
+    from kopf._cogs.structs.references import Resource
+
+    settings = handlers.kopf_settings()
+    pods = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+    leases = Resource(group="joblease.dev", version="v1alpha1", plural="jobleases",
+                      kind="JobLease", namespaced=True)
+    assert list(settings.watching.label_selectors.collect(pods)) == ["joblease.dev/lease"]
+    assert handlers.POD_LABEL_SELECTOR == "joblease.dev/lease"
+    assert list(settings.watching.label_selectors.collect(leases)) == []
+    assert settings.watching.chunk_size == handlers.POD_PAGE_SIZE == 500
 
 
 def event(obj: dict[str, Any], type_: str = "ADDED") -> dict[str, Any]:
@@ -223,13 +241,14 @@ def test_two_operators_in_one_process_share_no_state(tmp_path: Path) -> None:
     a = Operator(OperatorSettings(health_file=tmp_path / "a"))
     b = Operator(OperatorSettings(health_file=tmp_path / "b"))
     assert a.view is not b.view and a.pods is not b.pods and a.heartbeat is not b.heartbeat
-    handlers.on_lease_event(event(lease_object("only-a", HELD)),  # type: ignore[arg-type]
-                            memo=kopf.Memo({MEMO_KEY: a}))
+    handlers.operator_of(kopf.Memo({MEMO_KEY: a})).observe_lease(
+        event(lease_object("only-a", HELD)))
     assert [o.name for o in a.view.snapshot()] == ["only-a"]
     assert b.view.snapshot() == []
     pod = {"metadata": {"name": "p", "namespace": "ns", "uid": "u1",
                         "labels": {"joblease.dev/lease": "only-a"}}}
-    handlers.on_pod_event(event(pod), memo=kopf.Memo({MEMO_KEY: b}))  # type: ignore[arg-type]
+    asyncio.run(handlers.on_pod_event(event(pod),  # type: ignore[arg-type]
+                                      memo=kopf.Memo({MEMO_KEY: b})))
     assert b.pods.by_lease() and not a.pods.by_lease()
     a.heartbeat.beat()
     assert (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -13,10 +13,9 @@ transitions are written to. At 100,000 JobLeases the operator's initialization p
 ``Expired`` ones. A token bucket (``rate`` Events per second, ``burst`` at once) bounds the
 Events' share of the write rate; what exceeds it is dropped at once and counted, like a
 full queue, so the Events that are posted stay close to their transitions. A cluster at
-rest (a few transitions a second) loses none. ``Created`` (the operator's first status for
-a new JobLease, not a change of owner) has a bucket of its own, ten times smaller, so that
-a flood of new JobLeases neither spends the write rate on Events nor crowds out the
-Events of claims and expiries.
+rest (a few transitions a second) loses none. Issue 28 removed the ``Created`` Event and
+its low-rate bucket: a new JobLease is born initialised by the CRD's default status, and
+an Event per creation was still a write per creation.
 """
 
 from __future__ import annotations
@@ -38,8 +37,6 @@ _STOP = None
 EVENTS_PER_SECOND = 100.0
 EVENT_BURST = 1_000
 QUEUE_CAPACITY = 1_000
-BULK_REASONS = frozenset({"Created"})  # Events of the low-rate bucket
-BULK_SHARE = 0.1  # its rate and burst, as a share of the others'
 
 
 class Subject(NamedTuple):
@@ -81,9 +78,7 @@ class EventPoster:
                              f"not rate={rate}, burst={burst}, capacity={capacity}")
         self.store = store
         self._clock = clock
-        self._buckets = {False: _Bucket(rate, float(burst), clock()),
-                         True: _Bucket(rate * BULK_SHARE, max(1.0, burst * BULK_SHARE),
-                                       clock())}
+        self._tokens = _Bucket(rate, float(burst), clock())
         self._bucket = threading.Lock()
         self._queue: queue.Queue[tuple[Subject, str, str, str] | None] = queue.Queue(capacity)
         self._thread = threading.Thread(target=self._run, name="joblease-events", daemon=True)
@@ -91,7 +86,7 @@ class EventPoster:
 
     def post(self, obs: Observed, type_: str, reason: str, message: str) -> None:
         """Queue one Event (never blocks; over the rate or a full queue: dropped, counted)."""
-        if not self._take_token(reason in BULK_REASONS):
+        if not self._take_token():
             metrics.EVENTS_DROPPED.inc()
             log.debug("Event rate exceeded: dropped %s for %s/%s", reason, obs.namespace,
                       obs.name)
@@ -103,9 +98,9 @@ class EventPoster:
             metrics.EVENTS_DROPPED.inc()
             log.warning("Event queue full: dropped %s for %s/%s", reason, obs.namespace, obs.name)
 
-    def _take_token(self, bulk: bool) -> bool:
+    def _take_token(self) -> bool:
         with self._bucket:
-            return self._buckets[bulk].take(self._clock())
+            return self._tokens.take(self._clock())
 
     def close(self, timeout: float = 5.0) -> None:
         """Post what is queued (bounded by ``timeout``), then stop the thread."""

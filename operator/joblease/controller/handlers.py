@@ -9,6 +9,15 @@ Deliberately write-free towards kopf's own bookkeeping: only ``@kopf.on.event`` 
 would add annotations and a finalizer), Events posting from logs disabled, peering off
 (:func:`kopf_settings`).
 
+What kopf watches (issue 28): only pods, and only those labelled for delegation —
+filtered by the API server (:data:`POD_LABEL_SELECTOR` in kopf's
+``settings.watching.label_selectors``; the ``labels=`` of a handler filters on the
+client, after every pod in scope has been listed, decoded and remembered), listed in
+pages (``chunk_size``). JobLeases come through the run's own compact feed
+(``joblease.controller.runtime``): kopf's watch kept every initial list whole and a
+``ResourceMemory`` per object. Handlers are ``async def``: kopf runs a plain ``def``
+in a thread pool, one hop per event for a handler that only stores a record.
+
 Why a registry per run (:func:`build_registry`) instead of decorators on kopf's default
 registry at import time: importing this module then changes nothing, and two runs in one
 process cannot see each other's handlers.
@@ -20,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 import kopf
 
-from joblease.kube.leases import GROUP, PLURAL, VERSION
 from joblease.kube.pods import LEASE_LABEL
 
 if TYPE_CHECKING:
@@ -28,6 +36,12 @@ if TYPE_CHECKING:
 
 MEMO_KEY = "operator"
 IDLE_WORKER_SECONDS = 0.5
+POD_WATCH = ("", "v1", "pods")  # kopf's selector of the pod resource (the core group is "")
+# The pods the operator watches, as the API server's labelSelector: those asking for a
+# delegated lease (the label present, any value). One constant, so that a label of another
+# feature joins it here (kopf ANDs all selectors that apply to one resource).
+POD_LABEL_SELECTOR = LEASE_LABEL
+POD_PAGE_SIZE = 500
 
 
 def run(operator: Operator) -> None:
@@ -50,6 +64,8 @@ def kopf_settings() -> kopf.OperatorSettings:
     # nothing to wait for; at the default 5 s the initial list of 100,000 JobLeases kept
     # about as many tasks alive at once (the operator's transient peak).
     settings.queueing.idle_timeout = IDLE_WORKER_SECONDS
+    settings.watching.label_selectors[POD_WATCH] = POD_LABEL_SELECTOR
+    settings.watching.chunk_size = POD_PAGE_SIZE
     return settings
 
 
@@ -69,12 +85,7 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
     await operator_of(memo).stop()
 
 
-def on_lease_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
-    """Feed a JobLease watch event to the run's lease view (``Operator.observe_lease``)."""
-    operator_of(memo).observe_lease(event)
-
-
-def on_pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
+async def on_pod_event(event: kopf.RawEvent, memo: Any, **_: Any) -> None:
     """Feed a labelled pod's watch event to the run's pod view (``Operator.observe_pod``)."""
     operator_of(memo).observe_pod(event)
 
@@ -88,7 +99,9 @@ def build_registry() -> kopf.OperatorRegistry:
     kopf.on.login(registry=registry)(kopf.login_via_client)
     kopf.on.startup(registry=registry)(start)
     kopf.on.cleanup(registry=registry)(stop)
-    kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)(on_lease_event)
-    kopf.on.event("", "v1", "pods", labels={LEASE_LABEL: kopf.PRESENT},
-                  registry=registry)(on_pod_event)
+    # No labels= here: the server-side selector (kopf_settings) already keeps the watch to
+    # labelled pods, and a pod that loses its label leaves the selection with a DELETED
+    # event whose object no longer has the label: a client-side filter would swallow exactly
+    # the event that tells PodView to forget it.
+    kopf.on.event(*POD_WATCH, registry=registry)(on_pod_event)
     return registry

@@ -45,7 +45,7 @@ for _kind in ("claimed", "renewed", "completed", "released", "failed"):
     TRANSITIONS.labels(_kind)
 for _stage in ("read", "decide", "write", "delete", "delegate"):
     OBJECT_ERRORS.labels(_stage)
-for _kind in ("initialized", "expired", "failed", "deleted",
+for _kind in ("expired", "failed", "deleted",
               "claimed", "renewed", "completed", "released"):
     OPERATOR_WRITES.labels(_kind)
 

@@ -69,7 +69,9 @@ from joblease.kube.transact import transact
 log = logging.getLogger("joblease.operator.pods")
 HOLDER_PREFIX = "pod:"
 RENEW_FRACTION = 1 / 3
-IDLE_WAKEUP = 2.0
+# Nothing due for a while: look again in a second (pods change without waking this loop;
+# the runtime's loop caps every wait at 1 s anyway, so a longer value would not act).
+IDLE_WAKEUP = 1.0
 SOON = 0.05
 
 Decide = Callable[[Observed, ServerNow], Transition | None]
@@ -131,8 +133,8 @@ class Delegator:
         wakeup = IDLE_WAKEUP
         for (namespace, name), pods in self.pod_view.by_lease().items():
             obs = self.lease_view.get(namespace, name)
-            if obs is None or not obs.has_status:
-                continue  # not created yet, or the reconciler initializes it first
+            if obs is None:
+                continue  # not created yet (or not yet seen on the watch)
             try:
                 wakeup = min(wakeup, self._visit(obs, pods))
             except (LeaseError, ApiError) as err:

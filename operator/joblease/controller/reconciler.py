@@ -1,20 +1,34 @@
-"""The operator's time-driven work over the leases it has seen: expire, initialize, TTL.
+"""The operator's time-driven work over the leases it has seen: expire, TTL.
 
 One loop for all leases (not a kopf timer per object, which would add a finalizer to each
-and cost a task per object): every pass visits the in-memory view, performs the due
-transitions as compare-and-swap writes, and returns how long to sleep until the next one
-is due on the API server's clock.
+and cost a task per object). Issue 28: a pass works only on what is due. The view keeps
+two heaps of due times, client-go's delaying queue as the model:
+
+* **expiry**, keyed by ``leaseUntil`` of every Held lease (due at ``leaseUntil + margin``
+  on the API server's clock, the earliest it may be);
+* **TTL**, keyed by ``finishTime + ttlSecondsAfterFinished`` of every finished lease that
+  has one.
+
+A version only pushes an entry when its due time is *earlier* than its previous
+version's (or it had none): a renewal, which moves ``leaseUntil`` later, pushes nothing.
+The heaps learn lazily: a pass pops the entries whose time has come, re-checks each
+against the lease's current record, and re-pushes it at the current due time if it
+moved, drops it if the lease is gone or no longer due at all, and acts otherwise. So
+every entry is at or before its lease's real due time (never late), a pass costs
+O(due · log N), and an idle pass at 100,000 leases costs nothing but a look at two heap
+tops. The phase gauges (``joblease_leases``) are kept as versions come and go.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import timedelta
-from functools import partial
+from datetime import datetime, timedelta
 
 from joblease.controller import metrics
 from joblease.controller.events import EventPoster
@@ -26,19 +40,22 @@ from joblease.domain.lease import (
     Transition,
     add_time,
     decide_expire,
-    decide_initialize,
-    ttl_expired,
+    epoch_of,
 )
 from joblease.kube.api import ApiError, NotFoundError
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transact import ContentionError, transact
 
 log = logging.getLogger("joblease.operator")
-IDLE_WAKEUP = 5.0
 MAX_WRITES_PER_PASS = 256
-URGENCY = {"expire": 0, "initialize": 1, "delete": 2}  # the order due writes are performed in
+MAX_IDLE = 1.0  # the longest a pass waits: the heartbeat and the last-pass gauge's cadence
+SOON = 0.02  # the wait when more is due than one pass may write
+RETRY = timedelta(seconds=1)  # a due write that failed is tried again this much later
 EVENT_REASONS = {"claimed": "Claimed", "completed": "Completed", "released": "Released",
-                 "expired": "Expired", "failed": "Failed", "initialized": "Created"}
+                 "expired": "Expired", "failed": "Failed"}
+
+Key = tuple[str, str]
+Entry = tuple[datetime, Key]
 
 
 def compact(obs: Observed) -> Observed:
@@ -49,7 +66,8 @@ def compact(obs: Observed) -> Observed:
     kept per lease, and no decision from the view reads them: the due times, the Events and
     the metrics need phase, holder, token and times. A write that must carry them (they
     keep ``lastTransitionTime`` across a write) decides from a fresh read instead
-    (:func:`write_basis`).
+    (:func:`write_basis`). The operator's feed shrinks further as it decodes
+    (``joblease.core.feed.compact_lease``); this is the view's own guarantee.
     """
     if not obs.status.conditions:
         return obs
@@ -59,33 +77,63 @@ def compact(obs: Observed) -> Observed:
 def write_basis(obs: Observed) -> Observed | None:
     """The version a transition of ``obs`` may be decided from without a read, or ``None``.
 
-    Only a JobLease without status (its initialization) is complete in the view; any other
-    transition reads the object first (``transact`` with ``observed=None``): one GET, which
-    the write floor does not count, so that conditions are never decided from a copy that
-    lacks them.
+    Only a JobLease read without any status (through a CRD without the status default) is
+    complete in the view; any other transition reads the object first (``transact`` with
+    ``observed=None``): one GET, which the write floor does not count, so that conditions
+    are never decided from a copy that lacks them.
     """
     return obs if not obs.has_status else None
 
 
-class LeaseView:
-    """The operator's in-memory view of JobLeases, fed by the watch (thread-safe).
+def expiry_base(obs: Observed) -> datetime | None:
+    """When a Held lease ends (its expiry is due ``margin`` later); ``None`` if not Held."""
+    st = obs.status
+    return st.lease_until if st.phase == Phase.HELD and st.lease_until is not None else None
 
-    It keeps :func:`compact` versions only (no conditions).
+
+def ttl_due(obs: Observed) -> datetime | None:
+    """When a finished lease's TTL deletion is due; ``None`` without a TTL or a finish time."""
+    st, ttl = obs.status, obs.spec.ttl_seconds_after_finished
+    if ttl is None or not st.phase.finished or st.finish_time is None:
+        return None
+    return add_time(st.finish_time, timedelta(seconds=ttl))
+
+
+class LeaseView:
+    """The operator's in-memory view of JobLeases, fed by its watch (thread-safe).
+
+    It keeps :func:`compact` versions, the due-time heaps of the module doc and the count
+    of leases per phase. ``on_sooner`` is called (from the thread that stored the version)
+    when a version makes something due earlier than anything scheduled before, so that the
+    reconcile loop can wake up instead of sleeping until its planned time.
+
+    After a (re-)list, :meth:`forget_unlisted` drops what the list no longer showed.
     """
 
-    def __init__(self) -> None:
-        self._leases: dict[tuple[str, str], Observed] = {}
+    def __init__(self, on_sooner: Callable[[], None] = lambda: None) -> None:
+        self._leases: dict[Key, Observed] = {}
+        self._expiries: list[Entry] = []
+        self._ttls: list[Entry] = []
+        self._phases: Counter[Phase] = Counter()
         self._lock = threading.Lock()
+        self.on_sooner = on_sooner
 
     def put(self, obs: Observed) -> Observed | None:
         """Store the newest version; return the previous one (or None)."""
         with self._lock:
             key = (obs.namespace, obs.name)
             previous = self._leases.get(key)
-            if previous is not None and _rv(previous) > _rv(obs):
+            if previous is not None and epoch_of(previous) > epoch_of(obs):
                 return previous  # an older event arrived late; keep the newer version
-            self._leases[key] = compact(obs)
-            return previous
+            kept = self._leases[key] = compact(obs)
+            sooner = (self._schedule(self._expiries, key, expiry_base(kept),
+                                     expiry_base(previous) if previous else None)
+                      | self._schedule(self._ttls, key, ttl_due(kept),
+                                       ttl_due(previous) if previous else None))
+            self._count(previous, kept)
+        if sooner:
+            self.on_sooner()
+        return previous
 
     def get(self, namespace: str, name: str) -> Observed | None:
         """The newest known version of one lease (None if never seen)."""
@@ -96,17 +144,110 @@ class LeaseView:
         """Forget a deleted lease — only if the view still holds that very object (``uid``).
 
         Why the uid: a late DELETED event of an old incarnation must not remove the
-        re-created object of the same name from the view (it would never expire).
+        re-created object of the same name from the view (it would never expire). Its
+        heap entries stay and are discarded when they come up.
         """
         with self._lock:
             current = self._leases.get((namespace, name))
             if current is not None and current.uid == uid:
                 del self._leases[(namespace, name)]
+                self._count(current, None)
 
     def snapshot(self) -> list[Observed]:
-        """A copy of every known lease."""
+        """A copy of every known lease (O(N): metrics at scrape time and tests only)."""
         with self._lock:
             return list(self._leases.values())
+
+    def phases(self) -> dict[Phase, int]:
+        """How many known leases are in each phase (kept as versions come and go)."""
+        with self._lock:
+            return {phase: self._phases[phase] for phase in Phase}
+
+    def forget_unlisted(self, listed: set[Key], in_scope: Callable[[str], bool]
+                        ) -> list[Observed]:
+        """After a complete list: forget and return the leases in scope it did not show.
+
+        ``in_scope`` tells which namespaces the list covered (one feed lists one namespace,
+        or all). Why: a lease deleted while no watch was open (a 410, a watch restarted
+        after an outage) sends no DELETED event; only its absence from the new list tells.
+        """
+        with self._lock:
+            gone = [obs for key, obs in self._leases.items()
+                    if key not in listed and in_scope(key[0])]
+            for obs in gone:
+                del self._leases[(obs.namespace, obs.name)]
+                self._count(obs, None)
+            return gone
+
+    def take_due(self, now: ServerNow, margin: timedelta, limit: int
+                 ) -> tuple[list[Observed], list[Observed], bool]:
+        """Pop what is due at ``now`` (expiries first, then TTLs), at most ``limit`` in all.
+
+        Returns ``(expiries, deletions, more)``: the current versions of the leases whose
+        transition is due, and whether more was due than ``limit``. Entries that turn out
+        not to be due (a renewal moved the end, the lease finished or is gone) are
+        re-pushed at their current due time or discarded. Each lease taken is also pushed
+        again :data:`RETRY` later: if its write fails, or decides nothing because the view
+        was behind (the watch event of a renewal still on its way), it is looked at again
+        then, and an entry of a lease whose write succeeded is discarded when it comes up.
+        """
+        with self._lock:
+            expiries = self._pop_due(self._expiries, expiry_base, now, margin, limit)
+            deletions = self._pop_due(self._ttls, ttl_due, now, timedelta(0),
+                                      limit - len(expiries))
+            more = (self._first_due(self._expiries, now, margin)
+                    or self._first_due(self._ttls, now, timedelta(0)))
+        return expiries, deletions, more
+
+    def seconds_until_due(self, now: ServerNow, margin: timedelta) -> float | None:
+        """Seconds until the earliest scheduled entry (``None``: nothing scheduled).
+
+        An entry may be earlier than its lease's real due time (lazy heaps), never later.
+        """
+        with self._lock:
+            tops = [add_time(self._expiries[0][0], margin)] if self._expiries else []
+            tops += [self._ttls[0][0]] if self._ttls else []
+        if not tops:
+            return None
+        return (min(tops) - now.earliest).total_seconds()
+
+    def _schedule(self, heap: list[Entry], key: Key, due: datetime | None,
+                  before: datetime | None) -> bool:
+        """Push ``key`` at ``due`` unless an entry at or before it exists; True if now first."""
+        if due is None or (before is not None and before <= due):
+            return False
+        heapq.heappush(heap, (due, key))
+        return heap[0][1] == key and heap[0][0] == due
+
+    def _pop_due(self, heap: list[Entry], due_of: Callable[[Observed], datetime | None],
+                 now: ServerNow, margin: timedelta, limit: int) -> list[Observed]:
+        taken: list[Observed] = []
+        taken_keys: set[Key] = set()
+        while heap and len(taken) < limit and add_time(heap[0][0], margin) <= now.earliest:
+            _, key = heapq.heappop(heap)
+            obs = self._leases.get(key)
+            due = due_of(obs) if obs is not None else None
+            if due is None or key in taken_keys:
+                continue  # gone, no longer due at all, or a duplicate entry
+            if add_time(due, margin) > now.earliest:
+                heapq.heappush(heap, (due, key))  # moved later (a renewal): look again then
+                continue
+            taken.append(obs)  # type: ignore[arg-type]  # due is None when obs is None
+            taken_keys.add(key)
+        again = add_time(now.earliest, RETRY - margin)
+        for key in taken_keys:
+            heapq.heappush(heap, (again, key))
+        return taken
+
+    @staticmethod
+    def _first_due(heap: list[Entry], now: ServerNow, margin: timedelta) -> bool:
+        return bool(heap) and add_time(heap[0][0], margin) <= now.earliest
+
+    def _count(self, before: Observed | None, after: Observed | None) -> None:
+        if before is not None:
+            self._phases[before.status.phase] -= 1
+        if after is not None:
+            self._phases[after.status.phase] += 1
 
 
 class Reconciler:
@@ -123,35 +264,31 @@ class Reconciler:
                       if writers > 1 else None)
 
     def pass_once(self) -> float:
-        """Visit every lease once; return seconds until the next transition may be due.
+        """Perform what is due now; return seconds until the next pass should look.
 
-        1. Decide from the in-memory view which leases have a transition due now.
-        2. Perform at most ``max_writes_per_pass`` of them, most urgent first (expiries,
-           then initializations, then TTL deletions), each a compare-and-swap through
-           ``transact``, on the writer pool when there is more than one, and wait for them.
-        3. If more were due, return at once (0.02 s): the next pass decides again.
+        1. Take from the view's heaps what is due now on the server's clock (the earliest
+           it may be): at most ``max_writes_per_pass``, expiries before TTL deletions.
+        2. Perform them, each a compare-and-swap through ``transact`` (expiries) or a
+           conditional delete, on the writer pool when there is more than one, and wait.
+        3. If more was due, return at once (:data:`SOON`): the next pass takes again,
+           expiries first. Otherwise return the time until the earliest scheduled entry,
+           at most :data:`MAX_IDLE` (the runtime also wakes the loop when a new version
+           makes something due sooner: ``LeaseView.on_sooner``).
 
         Why a bound: at 100,000 new JobLeases one pass held 100,000 initializations, and
-        no expiry was looked at until all of them were written (minutes).
+        no expiry was looked at until all of them were written (minutes; issue 24).
         """
         now = self.store.api.server_now()
-        wakeup = IDLE_WAKEUP
-        counts = dict.fromkeys(Phase, 0)
-        due: list[list[Callable[[], None]]] = [[] for _ in URGENCY]
-        for obs in self.view.snapshot():
-            counts[obs.status.phase] += 1
-            try:
-                wakeup = min(wakeup, self._visit(obs, now, lambda kind, action: due[
-                    URGENCY[kind]].append(action)))
-            except Exception as err:
-                self.object_failed(obs, "decide", err)
-        ordered = [action for actions in due for action in actions]
-        self._perform(ordered[:self.max_writes_per_pass])
-        for phase, count in counts.items():
+        view = self.view
+        expiries, deletions, more = view.take_due(now, self.margin, self.max_writes_per_pass)
+        self._perform([*(lambda o=obs: self._expire(o) for obs in expiries),
+                       *(lambda o=obs: self._delete(o) for obs in deletions)])
+        for phase, count in view.phases().items():
             metrics.LEASES.labels(phase.value).set(count)
-        if len(ordered) > self.max_writes_per_pass:
-            return 0.02  # more is due: the next pass starts at once, expiries first again
-        return max(0.02, wakeup)
+        if more:
+            return SOON
+        wait = view.seconds_until_due(self.store.api.server_now(), self.margin)
+        return MAX_IDLE if wait is None else max(SOON, min(wait, MAX_IDLE))
 
     def close(self) -> None:
         """Stop the writer pool (after the writes in flight)."""
@@ -161,15 +298,23 @@ class Reconciler:
     def _perform(self, due: list[Callable[[], None]]) -> None:
         if self._pool is None or len(due) < 2:
             for action in due:
-                action()
+                self._isolated(action)
             return
-        for future in [self._pool.submit(action) for action in due]:
+        for future in [self._pool.submit(self._isolated, action) for action in due]:
             future.result()
+
+    def _isolated(self, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except Exception:  # _expire and _delete isolate their own; this is the last guard
+            metrics.OBJECT_ERRORS.labels("decide").inc()
+            log.exception("a due transition failed; other leases are unaffected")
 
     def object_failed(self, obs: Observed, stage: str, err: BaseException) -> None:
         """Isolate a failure to its object: log it, count it, tell the object's owner.
 
-        The pass goes on with every other object, and the next pass tries this one again.
+        The pass goes on with every other object, and the lease is looked at again
+        :data:`RETRY` later.
         """
         metrics.OBJECT_ERRORS.labels(stage).inc()
         log.error("JobLease %s/%s: could not %s it (%s: %s); other leases are unaffected",
@@ -180,32 +325,11 @@ class Reconciler:
                              f"the operator could not {stage} this JobLease: "
                              f"{type(err).__name__}: {err}")
 
-    def _visit(self, obs: Observed, now: ServerNow,
-               schedule: Callable[[str, Callable[[], None]], None]) -> float:
-        st = obs.status
-        if not obs.has_status:
-            schedule("initialize", partial(self._write, obs,
-                                           lambda o, n: decide_initialize(o, n)))
-            return IDLE_WAKEUP
-        if st.phase == Phase.HELD and st.lease_until is not None:
-            due = (add_time(st.lease_until, self.margin) - now.earliest).total_seconds()
-            if due <= 0:
-                schedule("expire", partial(self._write, obs,
-                                           lambda o, n: decide_expire(o, n, self.margin)))
-                return IDLE_WAKEUP
-            return due
-        if st.phase.finished and obs.spec.ttl_seconds_after_finished is not None:
-            if ttl_expired(obs, now):
-                schedule("delete", partial(self._delete, obs))
-                return IDLE_WAKEUP
-            if st.finish_time is not None:
-                ttl = timedelta(seconds=obs.spec.ttl_seconds_after_finished)
-                return (add_time(st.finish_time, ttl) - now.earliest).total_seconds()
-        return IDLE_WAKEUP
-
-    def _write(self, obs: Observed, decide: object) -> None:
+    def _expire(self, obs: Observed) -> None:
+        margin = self.margin
         try:
-            outcome = transact(self.store, obs.namespace, obs.name, decide,  # type: ignore[arg-type]
+            outcome = transact(self.store, obs.namespace, obs.name,
+                               lambda o, n: decide_expire(o, n, margin),
                                observed=write_basis(obs))
         except LeaseNotFoundError:
             self.view.drop(obs.namespace, obs.name, obs.uid)  # deleted during a watch gap
@@ -268,10 +392,3 @@ def observed_transition(before: Observed | None, after: Observed) -> Transition 
         return Transition("released", new, f"released by {old.holder!r} at generation "
                                            f"{old.generation}")
     return None
-
-
-def _rv(obs: Observed) -> int:
-    try:
-        return int(obs.resource_version)
-    except ValueError:
-        return 0

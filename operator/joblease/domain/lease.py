@@ -193,9 +193,13 @@ class Completion:
                    str(data.get("result", "")))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseStatus:
-    """``status`` of a JobLease. ``generation`` is the fencing token's claim counter."""
+    """``status`` of a JobLease. ``generation`` is the fencing token's claim counter.
+
+    Slotted, like :class:`Observed`: the operator keeps one per JobLease (issue 28), and an
+    instance ``__dict__`` was 296 bytes of each.
+    """
 
     phase: Phase = Phase.AVAILABLE
     holder: str | None = None
@@ -272,9 +276,14 @@ class LeaseStatus:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Observed:
-    """One version of a JobLease as read from the API server: the basis of a decision."""
+    """One version of a JobLease as read from the API server: the basis of a decision.
+
+    ``has_status`` is False only for a JobLease read through a CRD without the status
+    default (before issue 28, or an API server that serves an older copy of the CRD);
+    its status then parses as the same Available at generation 0 that the default gives.
+    """
 
     namespace: str
     name: str
@@ -305,7 +314,7 @@ class Observed:
 class Transition:
     """A decided change: the new status plus what to tell people about it."""
 
-    kind: str  # claimed, renewed, completed, released, expired, failed, initialized
+    kind: str  # claimed, renewed, completed, released, expired, failed
     status: LeaseStatus
     message: str
 
@@ -343,7 +352,8 @@ def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
        backoff the operator would have written), judged by the earliest server time.
     6. Otherwise the caller becomes the holder at ``generation + 1`` under ``claim_id``; the
        first claim of an incarnation records its epoch (the resourceVersion it was decided
-       from) unless the operator already did.
+       from) unless the status already has one (written by an operator before issue 28,
+       which initialised every JobLease with it).
 
     Raises:
         LeaseFinishedError: step 2.
@@ -498,21 +508,6 @@ def decide_expire(obs: Observed, now: ServerNow, margin: timedelta) -> Transitio
     return Transition("expired", _conditions(status, obs, at, "Expired", message), message)
 
 
-def decide_initialize(obs: Observed, now: ServerNow) -> Transition | None:
-    """Give a new JobLease (no status yet) its first status: Available, generation 0.
-
-    The operator records the epoch here, from the version it read, so that no claimer gets
-    to choose it (the holder-only admission policy also checks a first epoch against the
-    stored resourceVersion).
-    """
-    if obs.has_status:
-        return None
-    status = LeaseStatus(epoch=epoch_of(obs))
-    message = "created; available to claim"
-    return Transition("initialized",
-                      _conditions(status, obs, now.midpoint, "Created", message), message)
-
-
 def ttl_expired(obs: Observed, now: ServerNow) -> bool:
     """Whether a finished lease has outlived ``ttlSecondsAfterFinished`` (server clock)."""
     ttl, st = obs.spec.ttl_seconds_after_finished, obs.status
@@ -573,7 +568,13 @@ def _released_by(obs: Observed, claim: Claim) -> bool:
 
 
 def epoch_of(obs: Observed) -> int:
-    """The epoch a first claim (or the operator's initialization) records: the version read."""
+    """The epoch a first claim records: the resourceVersion it was decided from.
+
+    Why nobody records it earlier: a new JobLease is born initialised (the CRD's default
+    status, applied on read, cannot name a resourceVersion), so the first claim is the
+    first write. The holder-only admission policy refuses a first epoch other than the
+    stored resourceVersion, so a claimer cannot choose one (docs/protocol.md).
+    """
     try:
         return int(obs.resource_version)
     except ValueError:

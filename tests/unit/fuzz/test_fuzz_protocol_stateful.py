@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import settings
@@ -44,7 +45,6 @@ from joblease.domain.lease import (
     decide_claim,
     decide_complete,
     decide_expire,
-    decide_initialize,
     decide_release,
     decide_renew,
     is_expired,
@@ -97,13 +97,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.now += timedelta(seconds=seconds)
 
     @rule()
-    def initialize_status(self) -> None:
-        t = decide_initialize(self.obs, self._server_now(0.0))
-        if self.obs.has_status:
-            assert t is None
-            return
-        assert t is not None and t.status.phase is Phase.AVAILABLE and t.status.generation == 0
-        self._store(t)
+    def read_through_the_defaulting_crd(self) -> None:
+        """The CRD upgrade (issue 28): the same stored object now reads with a default status.
+
+        No write: the resourceVersion stays, and the status is the one a missing status
+        already parsed as (Available, generation 0, no epoch).
+        """
+        if not self.obs.has_status:
+            defaulted = LeaseStatus.from_dict({"phase": "Available", "generation": 0,
+                                               "attempts": 0})
+            assert defaulted == self.obs.status
+            self.obs = replace(self.obs, status=defaulted, has_status=True)
 
     @rule(holder=HOLDERS, error=ERRORS)
     def claim(self, holder: str, error: float) -> None:
