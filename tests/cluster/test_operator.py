@@ -152,12 +152,13 @@ def test_every_conflict_the_operator_meets_is_counted(
         leases: LeaseClient, cluster: Any) -> None:
     """A real 409 from the real API server moves ``joblease_operator_conflicts_total``.
 
-    The operator runs in this process (its view fed by hand instead of kopf's watch), so
-    the test controls what it knows: each time it is given a version that a foreign write
-    (a label) has already replaced, and its conditional write must meet a 409 — first an
-    initialization (a status compare-and-swap through ``transact``), then a TTL deletion
-    (a DELETE with resourceVersion preconditions). Issue 31: the counter was defined,
-    documented and plotted, and nothing incremented it.
+    The operator runs in this process with its JobLease feed left unstarted (its view fed by
+    hand), so the test controls what it knows. Twice its conditional write meets a 409 from
+    a foreign write (a label): first an expiry, whose fresh read is followed by the foreign
+    write before its compare-and-swap (the read of the operator's own store is wrapped, so
+    the count still comes through the store ``runtime`` built), then a TTL deletion from a
+    version the foreign write has replaced (a DELETE with resourceVersion preconditions).
+    Issue 31: the counter was defined, documented and plotted, and nothing incremented it.
     """
     ns = leases.namespace
 
@@ -173,21 +174,37 @@ def test_every_conflict_the_operator_meets_is_counted(
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(0.05)
 
-    async def scenario() -> tuple[float, float, float]:
+    def touch_after_the_first_held_read(op: Operator) -> list[str]:
+        """Wrap the operator's own store: a foreign write right after it reads a Held lease."""
+        store = op.reconciler.store  # type: ignore[union-attr]
+        real_get, touched = store.get, []
+
+        def get(namespace: str, name: str, *args: Any, **kwargs: Any) -> Observed:
+            obs = real_get(namespace, name, *args, **kwargs)
+            if not touched and obs.status.phase == Phase.HELD:
+                touched.append(touch()["metadata"]["resourceVersion"])
+            return obs
+
+        store.get = get  # type: ignore[method-assign]
+        return touched
+
+    async def scenario() -> tuple[float, float, float, list[str]]:
         settings = OperatorSettings(namespaces=(ns,), writers=1, metrics_port=0,
                                     kubeconfig=str(cluster.kubeconfig_for("admin")))
         op = Operator(settings)
+        op._start_feeds = lambda api: None  # type: ignore[method-assign]  # fed by hand
         await op.start()
         try:
-            leases.store.create(ns, "job", {"leaseDurationSeconds": 5,
+            touched = touch_after_the_first_held_read(op)
+            leases.store.create(ns, "job", {"leaseDurationSeconds": 1,
                                             "ttlSecondsAfterFinished": 1})
-            stale = raw(leases, "job")
-            touch()
+            leases.claim("job", holder="a")
             before = conflicts()
-            op.observe_lease({"type": "ADDED", "object": stale})
-            await wait(lambda: leases.get("job").has_status, "the initialization")
-            initialization = conflicts() - before
-            leases.claim("job", holder="a").complete("done")
+            op.observe_lease({"type": "ADDED", "object": raw(leases, "job")})
+            await wait(lambda: leases.get("job").status.phase == Phase.EXPIRED,
+                       "the expiry", timeout=15)
+            expiry = conflicts() - before
+            leases.claim("job", holder="b").complete("done")
             finished = raw(leases, "job")
             touch()
             before = conflicts()
@@ -200,11 +217,12 @@ def test_every_conflict_the_operator_meets_is_counted(
             deleted = deletions() - deleted
         finally:
             await op.stop()
-        return initialization, deletion, deleted
+        return expiry, deletion, deleted, touched
 
-    initialization, deletion, deleted = asyncio.run(scenario())
+    expiry, deletion, deleted, touched = asyncio.run(scenario())
+    assert len(touched) == 1  # the foreign write did land between the read and the write
+    assert expiry == 1  # one 409, then a fresh read and the expiry that succeeded
     assert deleted == 1  # joblease_operator_writes_total{kind="deleted"}
-    assert initialization == 1  # one 409, then a fresh read and the write that succeeded
     assert deletion >= 1  # one per pass until the view is fresh
     with pytest.raises(NotFoundError):
         raw(leases, "job")
