@@ -48,27 +48,26 @@ from functools import partial
 
 from joblease.controller import indexed, metrics
 from joblease.controller.reconciler import LeaseView, write_basis
+from joblease.core.steps import transact
 from joblease.domain.clock import ServerNow
-from joblease.domain.errors import LeaseError, format_time
+from joblease.domain.errors import LeaseError
 from joblease.domain.lease import (
     Claim,
     Observed,
     Phase,
     Transition,
-    add_time,
     decide_claim,
     decide_release,
     decide_renew,
     is_expired,
 )
+from joblease.domain.time import format_time, seconds_until_expiry, seconds_until_renewal
 from joblease.kube.api import ApiError, ForbiddenError, InvalidError
 from joblease.kube.leases import LeaseStore
-from joblease.kube.pods import TOKEN_ANNOTATIONS, PodInfo, PodStore
-from joblease.kube.transact import transact
+from joblease.kube.pods import ANNOTATION_PREFIX, TOKEN_ANNOTATIONS, PodInfo, PodStore
 
 log = logging.getLogger("joblease.operator.pods")
 HOLDER_PREFIX = "pod:"
-RENEW_FRACTION = 1 / 3
 # Nothing due for a while: look again in a second (pods change without waking this loop;
 # the runtime's loop caps every wait at 1 s anyway, so a longer value would not act).
 IDLE_WAKEUP = 1.0
@@ -260,20 +259,20 @@ class Delegator:
         st = obs.status
         if st.lease_until is None or st.phase != Phase.HELD:
             return IDLE_WAKEUP
-        renew_at = add_time(st.lease_until, -obs.spec.duration * (1 - RENEW_FRACTION))
-        return (renew_at - self.leases.api.server_now().latest).total_seconds()
+        return seconds_until_renewal(st.lease_until, obs.spec.duration,
+                                     self.leases.api.server_now())
 
     def _seconds_until_expiry(self, obs: Observed) -> float:
         until = obs.status.lease_until
         if until is None or obs.status.phase != Phase.HELD:
             return IDLE_WAKEUP
-        due = add_time(until, self.margin) - self.leases.api.server_now().earliest
-        return max(SOON, due.total_seconds())
+        return max(SOON, seconds_until_expiry(until, self.margin,
+                                              self.leases.api.server_now()))
 
     def _mirror(self, obs: Observed, pods: list[PodInfo]) -> None:
         for pod in pods:
             wanted = token_annotations(obs, pod)
-            have = {k: pod.annotations.get(f"joblease.dev/{k}") for k in TOKEN_ANNOTATIONS}
+            have = {k: pod.annotations.get(ANNOTATION_PREFIX + k) for k in TOKEN_ANNOTATIONS}
             if wanted != have and not pod.terminating:
                 self.pods.annotate(pod, wanted)
                 self.pod_view.put(_with_annotations(pod, wanted))
@@ -295,6 +294,6 @@ def token_annotations(obs: Observed, pod: PodInfo) -> dict[str, str | None]:
 
 def _with_annotations(pod: PodInfo, values: dict[str, str | None]) -> PodInfo:
     annotations = {k: v for k, v in pod.annotations.items()
-                   if k.removeprefix("joblease.dev/") not in values}
-    annotations.update({f"joblease.dev/{k}": v for k, v in values.items() if v is not None})
+                   if k.removeprefix(ANNOTATION_PREFIX) not in values}
+    annotations.update({ANNOTATION_PREFIX + k: v for k, v in values.items() if v is not None})
     return replace(pod, annotations=annotations)

@@ -32,19 +32,21 @@ from datetime import datetime, timedelta
 
 from joblease.controller import metrics
 from joblease.controller.events import EventPoster
+from joblease.core.steps import transact
+from joblease.core.transaction import ContentionError
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseError, LeaseNotFoundError
 from joblease.domain.lease import (
     Observed,
     Phase,
     Transition,
-    add_time,
     decide_expire,
     epoch_of,
+    ttl_due,
 )
+from joblease.domain.time import add_time, expiry_at, expiry_due
 from joblease.kube.api import ApiError, NotFoundError
 from joblease.kube.leases import LeaseStore
-from joblease.kube.transact import ContentionError, transact
 
 log = logging.getLogger("joblease.operator")
 MAX_WRITES_PER_PASS = 256
@@ -89,14 +91,6 @@ def expiry_base(obs: Observed) -> datetime | None:
     """When a Held lease ends (its expiry is due ``margin`` later); ``None`` if not Held."""
     st = obs.status
     return st.lease_until if st.phase == Phase.HELD and st.lease_until is not None else None
-
-
-def ttl_due(obs: Observed) -> datetime | None:
-    """When a finished lease's TTL deletion is due; ``None`` without a TTL or a finish time."""
-    st, ttl = obs.status, obs.spec.ttl_seconds_after_finished
-    if ttl is None or not st.phase.finished or st.finish_time is None:
-        return None
-    return add_time(st.finish_time, timedelta(seconds=ttl))
 
 
 class LeaseView:
@@ -205,7 +199,7 @@ class LeaseView:
         An entry may be earlier than its lease's real due time (lazy heaps), never later.
         """
         with self._lock:
-            tops = [add_time(self._expiries[0][0], margin)] if self._expiries else []
+            tops = [expiry_at(self._expiries[0][0], margin)] if self._expiries else []
             tops += [self._ttls[0][0]] if self._ttls else []
         if not tops:
             return None
@@ -223,13 +217,13 @@ class LeaseView:
                  now: ServerNow, margin: timedelta, limit: int) -> list[Observed]:
         taken: list[Observed] = []
         taken_keys: set[Key] = set()
-        while heap and len(taken) < limit and add_time(heap[0][0], margin) <= now.earliest:
+        while heap and len(taken) < limit and expiry_due(heap[0][0], margin, now):
             _, key = heapq.heappop(heap)
             obs = self._leases.get(key)
             due = due_of(obs) if obs is not None else None
             if due is None or key in taken_keys:
                 continue  # gone, no longer due at all, or a duplicate entry
-            if add_time(due, margin) > now.earliest:
+            if not expiry_due(due, margin, now):
                 heapq.heappush(heap, (due, key))  # moved later (a renewal): look again then
                 continue
             taken.append(obs)  # type: ignore[arg-type]  # due is None when obs is None
@@ -241,7 +235,7 @@ class LeaseView:
 
     @staticmethod
     def _first_due(heap: list[Entry], now: ServerNow, margin: timedelta) -> bool:
-        return bool(heap) and add_time(heap[0][0], margin) <= now.earliest
+        return bool(heap) and expiry_due(heap[0][0], margin, now)
 
     def _count(self, before: Observed | None, after: Observed | None) -> None:
         if before is not None:

@@ -508,12 +508,21 @@ def decide_expire(obs: Observed, now: ServerNow, margin: timedelta) -> Transitio
     return Transition("expired", _conditions(status, obs, at, "Expired", message), message)
 
 
-def ttl_expired(obs: Observed, now: ServerNow) -> bool:
-    """Whether a finished lease has outlived ``ttlSecondsAfterFinished`` (server clock)."""
+def ttl_due(obs: Observed) -> datetime | None:
+    """When a finished lease's TTL deletion is due (``finishTime + ttlSecondsAfterFinished``).
+
+    ``None`` without a TTL, before it finished, or without a finish time: nothing is due.
+    """
     ttl, st = obs.spec.ttl_seconds_after_finished, obs.status
     if ttl is None or not st.phase.finished or st.finish_time is None:
-        return False
-    return now.earliest >= add_time(st.finish_time, timedelta(seconds=ttl))
+        return None
+    return add_time(st.finish_time, timedelta(seconds=ttl))
+
+
+def ttl_expired(obs: Observed, now: ServerNow) -> bool:
+    """Whether a finished lease has *certainly* outlived its TTL (server clock)."""
+    due = ttl_due(obs)
+    return due is not None and expiry_due(due, timedelta(0), now)
 
 
 def is_expired(lease_until: datetime | None, now: ServerNow, margin: timedelta) -> bool:
