@@ -79,8 +79,14 @@ def test_the_field_selector_and_printer_columns_see_the_default(
     columns = {name: row[header.index(name):].split(" ", 1)[0]
                for name in ("GENERATION", "PHASE", "ATTEMPTS")}
     assert columns == {"GENERATION": "0", "PHASE": "Available", "ATTEMPTS": "0"}, out.stdout
-    holder_column = row[header.index("HOLDER"):header.index("GENERATION")].strip()
-    assert holder_column in ("", "<none>"), out.stdout  # no holder: an empty cell
+    for name, end in (("HOLDER", "EPOCH"), ("EPOCH", "GENERATION")):
+        cell = row[header.index(name):header.index(end)].strip()
+        assert cell in ("", "<none>"), out.stdout  # no holder, no epoch yet: empty cells
+    token = leases.get("taken").status.token()
+    out = cluster.kubectl("get", "jl", "taken", "-n", ns, check=True)
+    header, row = out.stdout.splitlines()
+    shown = "/".join(row[header.index(name):].split(" ", 1)[0] for name in ("EPOCH", "GENERATION"))
+    assert shown == str(token), out.stdout  # the two columns read as EPOCH/GENERATION
 
 
 @pytest.mark.parametrize("status, refusal", [
