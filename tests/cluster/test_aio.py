@@ -414,6 +414,7 @@ def test_the_display_reads_match_the_thread_clients_on_a_real_server(
         leases.store.create(ns, f"job-{i}", {"leaseDurationSeconds": 30}, {"batch": "b1"})
     leases.store.create(ns, "other", {}, {"batch": "b2"})
     leases.claim("job-0", holder="a").release(failed=True)  # Available again, one attempt
+    leases.claim("job-2", holder="b")  # Held: the phase count must leave it out
     obs = leases.get("job-1")
     leases.store.post_event(obs, "Normal", "Checked", "by the test")
 
@@ -432,6 +433,7 @@ def test_the_display_reads_match_the_thread_clients_on_a_real_server(
     assert [o["metadata"]["name"] for o in leases.list_objects("batch=b1")] == sorted(
         o["metadata"]["name"] for o in objects)
     assert total == 3 == leases.count("batch=b1")
-    # no operator runs here: the new ones have no status (no phase) yet; job-0 is Available
-    assert available == 1 == leases.count("batch=b1", phase=Phase.AVAILABLE)
+    # job-1 was never written (born Available: the CRD's status default), job-0 is Available
+    # again after its release, job-2 is Held
+    assert available == 2 == leases.count("batch=b1", phase=Phase.AVAILABLE)
     assert abs((now.midpoint - leases.server_now().midpoint).total_seconds()) < 5
