@@ -76,6 +76,7 @@ from joblease.domain.errors import format_time
 from joblease.domain.lease import Completion, Observed, Phase, decide_claim, parse_time
 from joblease.kube.api import MERGE_PATCH, ApiError, KubeApi
 from joblease.kube.leases import LeaseStore, lease_path
+from joblease.kube.transport import Transport
 from joblease.sdk.client import Lease, LeaseClient
 
 RENEW_DURATION = 30
@@ -424,7 +425,7 @@ def _expiry(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: 
     return out
 
 
-def _read_all(api: KubeApi, namespace: str, names: list[str], raw: bool = False
+def _read_all(api: Transport, namespace: str, names: list[str], raw: bool = False
               ) -> dict[str, Any]:
     """GET each of ``names`` (8 threads; a list of all N would read 100,000)."""
     with ThreadPoolExecutor(8) as pool:
