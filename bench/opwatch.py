@@ -32,8 +32,8 @@ from typing import Any
 from tests.support.operator_process import OperatorProcess
 
 from bench.common import (
-    apiserver_metric,
     proc_cpu_seconds,
+    proc_read_bytes,
     proc_rss_mb,
     progress,
     reset_peak_rss,
@@ -90,6 +90,10 @@ class Operator(OperatorProcess):
     def cpu(self) -> float:
         """CPU seconds the current process has used."""
         return proc_cpu_seconds(self.pid)
+
+    def read_bytes(self) -> float:
+        """Bytes the current process has read (files and sockets; ``proc_read_bytes``)."""
+        return proc_read_bytes(self.pid)
 
     def writes(self, kind: str | None = None) -> float:
         """Its ``joblease_operator_writes_total`` (of one kind, or all)."""
@@ -261,10 +265,3 @@ def operator_requests(before: dict[tuple[str, str, str, str], float],
         if delta:
             out[key] = out.get(key, 0.0) + delta
     return out
-
-
-def open_watches(cluster: Any, resource: str) -> float:
-    """Watches open now on ``resource`` (kube-apiserver's ``apiserver_longrunning_requests``)."""
-    return sum(value for labels, value in apiserver_metric(cluster,
-                                                           "apiserver_longrunning_requests")
-               if labels.get("resource") == resource and labels.get("verb") == "WATCH")
