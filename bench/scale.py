@@ -156,6 +156,8 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
         list_mb = out["restart"]["read_mb"] - out["start"]["read_mb_at_launch"]
         out["relist"] = _forced_relist(cluster, op, leases, reconcile_timeout, list_mb)
         peaks.append(out["relist"]["rss_mb_peak"])
+        api.close()  # its pooled connections went with the old kube-apiserver
+        api = KubeApi.from_kubeconfig(kubeconfig)
         progress("scale: phase 5/8: renewals")
         out["renewals"] = _renewals(cluster, op, kubeconfig, namespace,
                                     names[:renew_leases], renew_rounds)
