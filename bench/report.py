@@ -159,7 +159,7 @@ def _scale_rows(sc: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]
          f"{st['cpu_ms_per_creation']:.3f} ms", f"{st['cpu_s']:.1f} CPU-s in all", "",
          "≤ 0.2 ms", _ok(st["cpu_ms_per_creation"] <= 0.2)),
         ("operator API requests per creation (kube-apiserver's count minus the bench's)",
-         f"{st['requests_per_creation']:.3f}", _requests(st["requests"], n), "", "0",
+         f"{st['requests_per_creation']:.3f} requests", _requests(st["requests"], n), "", "0",
          _ok(st["requests_per_creation"] < 0.5 / n)),
         ("operator writes per creation: JobLease writes, Event posts",
          f"{st['writes_per_creation']['jobleases']:.3f}, "

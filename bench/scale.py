@@ -122,7 +122,6 @@ def _event_writes(totals: dict[tuple[str, str, str, str], float]) -> float:
     return count(totals, verbs=WRITE_VERBS, resource="events")
 
 
-
 def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases: int,
         renew_rounds: int, expire_leases: int, duration: int, log_dir: Path,
         reconcile_timeout: float, bursts: tuple[int, ...] = (500, 5000),
