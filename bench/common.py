@@ -83,23 +83,6 @@ def proc_cpu_seconds(pid: int) -> float:
     return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
-def proc_read_bytes(pid: int) -> float:
-    """Bytes a process has read through ``read``/``recv`` so far (``rchar`` of ``/proc/PID/io``).
-
-    Sockets included: what an operator read from kube-apiserver, which no server-side metric
-    can tell apart from kube-controller-manager's requests for the same resource.
-    """
-    try:
-        text = Path(f"/proc/{pid}/io").read_text()
-    except OSError:
-        return 0.0
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key == "rchar":
-            return float(value)
-    return 0.0
-
-
 def reset_peak_rss(pid: int) -> bool:
     """Reset a process's ``VmHWM`` to its current RSS, so the next peak is one phase's own.
 

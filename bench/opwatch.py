@@ -33,7 +33,6 @@ from tests.support.operator_process import OperatorProcess
 
 from bench.common import (
     proc_cpu_seconds,
-    proc_read_bytes,
     proc_rss_mb,
     progress,
     reset_peak_rss,
@@ -90,10 +89,6 @@ class Operator(OperatorProcess):
     def cpu(self) -> float:
         """CPU seconds the current process has used."""
         return proc_cpu_seconds(self.pid)
-
-    def read_bytes(self) -> float:
-        """Bytes the current process has read (files and sockets; ``proc_read_bytes``)."""
-        return proc_read_bytes(self.pid)
 
     def writes(self, kind: str | None = None) -> float:
         """Its ``joblease_operator_writes_total`` (of one kind, or all)."""

@@ -173,19 +173,18 @@ def _scale_rows(sc: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]
         ("restart: healthy / idle after; CPU",
          f"{rs['launch_seconds']:.1f} s / {rs['idle_seconds']:.1f} s"
          + ("" if rs["settle"]["idle"] else " **not idle**") + f"; {rs['cpu_s']:.1f} CPU-s",
-         f"RSS when idle {rs['rss_mb']:.0f} MB; read {rs['read_mb']:.0f} MB (files and API)",
+         f"RSS when idle {rs['rss_mb']:.0f} MB",
          "", "info", "n/a"),
         ("restart: API requests (by verb and resource), JobLease writes",
          f"{sum(rs['requests'].values()):.0f} requests, {rs['jobleases_writes']:.0f} writes",
          _requests(rs["requests"]), "", "0 writes", _ok(rs["jobleases_writes"] == 0)),
         _peak_row("forced relist (410)", rl["rss_mb_peak"], n),
-        ("forced relist: kube-apiserver down; operator had read half a list again / idle "
-         "(s since the restart began); CPU",
+        ("forced relist: kube-apiserver down; the operator has listed again (knows of a "
+         "JobLease deleted in etcd meanwhile) / idle (s since the restart began); CPU",
          f"{rl['apiserver_down_seconds']:.1f} s; {_s(rl['relisted_seconds'] or math.nan)} s"
          f" / {rl['idle_seconds']:.1f} s" + ("" if rl["settle"]["idle"] else " **not idle**")
          + f"; {rl['cpu_s']:.1f} CPU-s",
-         f"operator read {rl['read_mb']:.0f} MB (its restart {rl['restart_read_mb']:.0f} MB); "
-         f"all clients: {_requests(rl['requests_all_clients'])}"
+         f"requests since, all clients: {_requests(rl['requests_all_clients'])}"
          + ("" if rl["peak_reset"] else "; peak = RSS samples (VmHWM not resettable)"),
          "", "info", "n/a"),
     ]

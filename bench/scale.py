@@ -13,7 +13,7 @@ nothing): "caught up", "idle" and "visible" are judged from outside (bench/opwat
    label), and the time from creation to a visible status (a sample of about 500).
 2. **Restart over N initialized JobLeases**: SIGTERM, a new process, until it is healthy,
    knows all N and is idle: its peak RSS, CPU seconds, API requests by verb and resource,
-   the bytes it read, and the JobLease writes meanwhile (0 expected: none needs anything).
+   and the JobLease writes meanwhile (0 expected: none of them needs anything).
 3. **Idle**: the restarted operator's CPU over a window with nothing due (default 30 s) ÷
    the window: CPU per second of idle, an upper bound of one idle pass's CPU when passes
    run at least once a second. After the restart, because today's operator is still
@@ -21,10 +21,10 @@ nothing): "caught up", "idle" and "visible" are judged from outside (bench/opwat
 4. **Forced relist (410)**: kube-apiserver is restarted and, while it is down, etcd's
    history is compacted past every resourceVersion (``LocalCluster.etcd_compact``), so the
    operator's watch cannot resume and must list all N again: its peak RSS (``VmHWM`` reset
-   first) and CPU, the time until it has read at least half of what its restart read (the
-   relist; ``/proc/PID/io``) and until it is idle. kube-apiserver's request counts restart
-   with it and include kube-controller-manager's relists, so they are reported as "all
-   clients".
+   first) and CPU, the time until it has listed again (one JobLease deleted straight from
+   etcd meanwhile: its count drops only then) and until it is idle. kube-apiserver's
+   request counts restart with it and include kube-controller-manager's relists, so they
+   are reported as "all clients".
 5. Renewals: R leases are claimed and renewed k times each by this process; the operator's
    writes meanwhile (its counter, and kube-apiserver's count minus ours).
 6. Expiry: E leases (duration D) claimed at 25/s and abandoned (paced), E claimed as fast as
@@ -77,7 +77,7 @@ from bench.opwatch import (
 from joblease.domain.errors import format_time
 from joblease.domain.lease import Completion, Observed, Phase, decide_claim, parse_time
 from joblease.kube.api import MERGE_PATCH, ApiError, KubeApi
-from joblease.kube.leases import LeaseStore, lease_path
+from joblease.kube.leases import GROUP, PLURAL, LeaseStore, lease_path
 from joblease.kube.transport import Transport
 from joblease.sdk.client import Lease, LeaseClient
 
@@ -89,7 +89,7 @@ SELECTOR = "bench=scale"
 TTL_LEASES = 500
 QUICK_TTL_LEASES = 50
 UNFINISHED_SHARE = 0.1  # the pool worker's selector keeps this share of the N unfinished
-RELIST_WATCH_TIMEOUT = 120.0  # s for the operator's JobLease watch to reopen after a relist
+RELIST_TIMEOUT = 120.0  # s more than the phase timeout for the operator to list again
 
 __all__ = ["LABELS", "Operator", "run"]
 
@@ -152,8 +152,9 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
         progress(f"scale: idle: {out['idle']['cpu_ms_per_s']:.1f} ms of CPU per second")
         progress("scale: phase 4/8: a forced relist (kube-apiserver restarted, etcd "
                  "compacted)")
-        list_mb = out["restart"]["read_mb"] - out["start"]["read_mb_at_launch"]
-        out["relist"] = _forced_relist(cluster, op, leases, reconcile_timeout, list_mb)
+        # the last name: no later phase uses it (the pool worker lists what exists)
+        out["relist"] = _forced_relist(cluster, op, namespace, leases, reconcile_timeout,
+                                       names[-1])
         peaks.append(out["relist"]["rss_mb_peak"])
         api.close()  # its pooled connections went with the old kube-apiserver
         api = KubeApi.from_kubeconfig(kubeconfig)
@@ -220,7 +221,6 @@ def _start_during_creation(cluster: Any, op: Operator, kubeconfig: str, namespac
                            ) -> dict[str, Any]:
     leases = len(names)
     launch = op.launch()
-    read_at_launch = op.read_bytes() / 2**20  # its imports and an empty list: not the list
     progress(f"scale: operator healthy {launch:.1f}s after its start; creating {leases}")
     api = KubeApi.from_kubeconfig(kubeconfig)
     store = LeaseStore(api)
@@ -274,8 +274,7 @@ def _start_during_creation(cluster: Any, op: Operator, kubeconfig: str, namespac
              f"{rss:.0f} MB, peak {max(hwm, op.peak_rss_mb):.0f} MB; visible status p99 "
              f"{visible['lag_s']['p99']:.2f}s")
     api.close()
-    return {"launch_seconds": launch, "read_mb_at_launch": read_at_launch,
-            "create_seconds": created,
+    return {"launch_seconds": launch, "create_seconds": created,
             "create_rate": leases / created, "caught_up": caught,
             "caught_up_seconds": seconds, "caught_up_rate": leases / seconds,
             "caught_up_after_created_seconds": seconds - created, "known": known,
@@ -293,58 +292,67 @@ def _restart(cluster: Any, op: Operator, leases: int, timeout: float) -> dict[st
     progress(f"scale: restarted operator healthy after {launch:.1f}s")
     settle = wait_idle(op, leases, timeout, "restart")
     after = apiserver_requests(cluster)
-    cpu, (rss, hwm), read = op.cpu(), op.rss_mb(), op.read_bytes()
+    cpu, (rss, hwm) = op.cpu(), op.rss_mb()
     requests = operator_requests(before, after)
     writes = _jl_writes(after) - _jl_writes(before)
     seconds = time.monotonic() - op.started
     progress(f"scale: restart over {leases}: idle {seconds:.1f}s after the start "
              f"({settle['idle']}), CPU {cpu:.1f}s, peak RSS {max(hwm, op.peak_rss_mb):.0f} MB, "
-             f"{sum(requests.values()):.0f} API requests, {writes:.0f} JobLease writes, "
-             f"read {read / 2**20:.0f} MB")
+             f"{sum(requests.values()):.0f} API requests, {writes:.0f} JobLease writes")
     return {"launch_seconds": launch, "idle_seconds": seconds, "settle": settle,
             "cpu_s": cpu, "rss_mb": rss, "rss_mb_peak": max(hwm, op.peak_rss_mb),
-            "requests": requests, "jobleases_writes": writes, "read_mb": read / 2**20}
+            "requests": requests, "jobleases_writes": writes}
 
 
-def _forced_relist(cluster: Any, op: Operator, leases: int, timeout: float,
-                   list_mb: float) -> dict[str, Any]:
+def _forced_relist(cluster: Any, op: Operator, namespace: str, leases: int, timeout: float,
+                   gone: str) -> dict[str, Any]:
     """Restart kube-apiserver over a compacted etcd; wait for the operator's relist and idle.
 
     Which requests are the operator's cannot be told from kube-apiserver's metrics here
-    (kube-controller-manager's garbage collector lists every resource again too), so the
-    relist is recognized by what the operator *reads* (``/proc/PID/io``): at least half of
-    ``list_mb``, what its restart over the same N read.
+    (kube-controller-manager's garbage collector lists every resource again too), so while
+    kube-apiserver is down the JobLease ``gone`` is also deleted straight from etcd: no watch
+    event ever tells of it, and the operator's count of JobLeases (its ``joblease_leases``
+    gauge) drops to N - 1 only once it has listed them again.
     """
     peak_reset = op.new_peak()
-    cpu0, read0, t0 = op.cpu(), op.read_bytes(), time.monotonic()
+    cpu0, t0 = op.cpu(), time.monotonic()
     compacted: list[int] = []
-    down = cluster.restart("kube-apiserver",
-                           while_down=lambda: compacted.append(cluster.etcd_compact()))
+    deleted: list[int] = []
+
+    def while_down() -> None:
+        deleted.append(cluster.etcd_delete(f"/registry/{GROUP}/{PLURAL}/{namespace}/{gone}"))
+        compacted.append(cluster.etcd_compact())
+
+    down = cluster.restart("kube-apiserver", while_down=while_down)
     progress(f"scale: kube-apiserver back after {down:.1f}s (etcd compacted to revision "
-             f"{compacted[0] if compacted else '?'}); waiting for the operator to list again")
+             f"{compacted[0] if compacted else '?'}, {gone} deleted behind its back: "
+             f"{deleted}); waiting for the operator to list again")
     relisted: float | None = None
-    deadline = time.monotonic() + RELIST_WATCH_TIMEOUT + timeout
+    deadline = time.monotonic() + RELIST_TIMEOUT + timeout
+    last_report = time.monotonic()
     while time.monotonic() < deadline:
         op.alive()
         op.rss_mb()
-        if (op.read_bytes() - read0) / 2**20 >= 0.5 * list_mb:
+        known = op.known()
+        if known is not None and known <= leases - 1:
             relisted = time.monotonic() - t0
             break
-        time.sleep(0.5)
-    settle = wait_idle(op, leases, timeout, "relist")
+        if time.monotonic() - last_report >= 10:
+            last_report = time.monotonic()
+            progress(f"scale: relist: {time.monotonic() - t0:.0f}s, operator knows {known}")
+        time.sleep(1.0)
+    settle = wait_idle(op, leases - 1, timeout, "relist")
     seconds, cpu = time.monotonic() - t0, op.cpu() - cpu0
-    read = (op.read_bytes() - read0) / 2**20
     since = apiserver_requests(cluster)  # kube-apiserver's counters restarted with it
     # pods are left out: kube-controller-manager and kube-scheduler list them again too
     requests = {k: v for k, v in operator_requests({}, since).items() if " pods" not in k}
     rss, hwm = op.rss_mb()
     peak = max(hwm, op.peak_rss_mb) if peak_reset else op.peak_rss_mb
-    progress(f"scale: relist: operator read {read:.0f} MB (a full list {list_mb:.0f} MB), "
-             f"half of it {relisted}s after the restart began; idle after {seconds:.1f}s, CPU "
-             f"{cpu:.1f}s, peak RSS {peak:.0f} MB")
+    progress(f"scale: relist: the operator knew of the deletion {relisted}s after the "
+             f"restart began; idle after {seconds:.1f}s, CPU {cpu:.1f}s, peak RSS {peak:.0f} MB")
     return {"apiserver_down_seconds": down, "compacted_revision": compacted[0] if compacted
-            else None, "relisted_seconds": relisted, "read_mb": read,
-            "restart_read_mb": list_mb, "idle_seconds": seconds, "settle": settle,
+            else None, "deleted_in_etcd": deleted[0] if deleted else 0,
+            "relisted_seconds": relisted, "idle_seconds": seconds, "settle": settle,
             "cpu_s": cpu, "rss_mb": rss, "rss_mb_peak": peak, "peak_reset": peak_reset,
             "requests_all_clients": requests,
             "jobleases_lists_all_clients": requests.get("LIST jobleases", 0.0)}

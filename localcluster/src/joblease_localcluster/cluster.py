@@ -385,6 +385,16 @@ class LocalCluster:
         self._etcd_call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
         return revision
 
+    def etcd_delete(self, key: str) -> int:
+        """Delete one key from etcd directly, behind kube-apiserver's back; how many went.
+
+        For a forced relist that must be *seen*: an object deleted while kube-apiserver is
+        down (``/registry/<group>/<plural>/<namespace>/<name>`` for a custom resource) sends
+        no watch event to anyone, so only a client that lists again finds out it is gone.
+        """
+        encoded = base64.b64encode(key.encode()).decode()
+        return int(self._etcd_call("/v3/kv/deleterange", {"key": encoded}).get("deleted", 0))
+
     def _etcd_call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST to etcd's JSON gateway (http on 127.0.0.1) and return the decoded answer."""
         if not self._etcd_url:
