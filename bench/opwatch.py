@@ -102,6 +102,10 @@ class Operator(OperatorProcess):
         known = [v for k, v in values.items() if k.startswith("joblease_leases{")]
         return sum(known) if known else None
 
+    def phase_count(self, phase: str) -> float | None:
+        """How many JobLeases in ``phase`` it knows (``None`` if unread)."""
+        return self.metrics().get(f'joblease_leases{{phase="{phase}"}}')
+
     def alive(self) -> None:
         """Raise if the process has exited (a wait must not outlive it)."""
         if self.proc is not None and self.proc.poll() is not None:

@@ -21,8 +21,8 @@ nothing): "caught up", "idle" and "visible" are judged from outside (bench/opwat
 4. **Forced relist (410)**: kube-apiserver is restarted and, while it is down, etcd's
    history is compacted past every resourceVersion (``LocalCluster.etcd_compact``), so the
    operator's watch cannot resume and must list all N again: its peak RSS (``VmHWM`` reset
-   first) and CPU, the time until it has listed again (one JobLease deleted straight from
-   etcd meanwhile: its count drops only then) and until it is idle. kube-apiserver's
+   first) and CPU, the time until it has listed again (one JobLease turned Held straight in
+   etcd meanwhile: its count of Held ones moves only then) and until it is idle. kube-apiserver's
    request counts restart with it and include kube-controller-manager's relists, so they
    are reported as "all clients".
 5. Renewals: R leases are claimed and renewed k times each by this process; the operator's
@@ -51,7 +51,7 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +75,14 @@ from bench.opwatch import (
     wait_idle,
 )
 from joblease.domain.errors import format_time
-from joblease.domain.lease import Completion, Observed, Phase, decide_claim, parse_time
+from joblease.domain.lease import (
+    Completion,
+    LeaseStatus,
+    Observed,
+    Phase,
+    decide_claim,
+    parse_time,
+)
 from joblease.kube.api import MERGE_PATCH, ApiError, KubeApi
 from joblease.kube.leases import GROUP, PLURAL, LeaseStore, lease_path
 from joblease.kube.transport import Transport
@@ -152,7 +159,7 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
         progress(f"scale: idle: {out['idle']['cpu_ms_per_s']:.1f} ms of CPU per second")
         progress("scale: phase 4/8: a forced relist (kube-apiserver restarted, etcd "
                  "compacted)")
-        # the last name: no later phase uses it (the pool worker lists what exists)
+        # the last name: no later phase claims it (the pool worker's set-up finishes it)
         out["relist"] = _forced_relist(cluster, op, namespace, leases, reconcile_timeout,
                                        names[-1])
         peaks.append(out["relist"]["rss_mb_peak"])
@@ -305,57 +312,76 @@ def _restart(cluster: Any, op: Operator, leases: int, timeout: float) -> dict[st
 
 
 def _forced_relist(cluster: Any, op: Operator, namespace: str, leases: int, timeout: float,
-                   gone: str) -> dict[str, Any]:
+                   probe: str) -> dict[str, Any]:
     """Restart kube-apiserver over a compacted etcd; wait for the operator's relist and idle.
 
     Which requests are the operator's cannot be told from kube-apiserver's metrics here
     (kube-controller-manager's garbage collector lists every resource again too), so while
-    kube-apiserver is down the JobLease ``gone`` is also deleted straight from etcd: no watch
-    event ever tells of it, and the operator's count of JobLeases (its ``joblease_leases``
-    gauge) drops to N - 1 only once it has listed them again.
+    kube-apiserver is down the JobLease ``probe`` is also turned Held straight in etcd
+    (:func:`_hold_in_etcd`): no watch event ever tells of it, and the operator's count of
+    Held JobLeases (its ``joblease_leases`` gauge) becomes 1 only once it has listed again.
+    (A deletion would not do: kopf does not notice objects gone from a relist.)
     """
     peak_reset = op.new_peak()
     cpu0, t0 = op.cpu(), time.monotonic()
     compacted: list[int] = []
-    deleted: list[int] = []
+    probed: list[bool] = []
 
     def while_down() -> None:
-        deleted.append(cluster.etcd_delete(f"/registry/{GROUP}/{PLURAL}/{namespace}/{gone}"))
+        probed.append(_hold_in_etcd(cluster, namespace, probe))
         compacted.append(cluster.etcd_compact())
 
     down = cluster.restart("kube-apiserver", while_down=while_down)
     progress(f"scale: kube-apiserver back after {down:.1f}s (etcd compacted to revision "
-             f"{compacted[0] if compacted else '?'}, {gone} deleted behind its back: "
-             f"{deleted}); waiting for the operator to list again")
+             f"{compacted[0] if compacted else '?'}, {probe} made Held behind its back: "
+             f"{probed}); waiting for the operator to list again")
     relisted: float | None = None
     deadline = time.monotonic() + RELIST_TIMEOUT + timeout
     last_report = time.monotonic()
     while time.monotonic() < deadline:
         op.alive()
         op.rss_mb()
-        known = op.known()
-        if known is not None and known <= leases - 1:
+        held = op.phase_count("Held")
+        if held is not None and held >= 1:
             relisted = time.monotonic() - t0
             break
         if time.monotonic() - last_report >= 10:
             last_report = time.monotonic()
-            progress(f"scale: relist: {time.monotonic() - t0:.0f}s, operator knows {known}")
+            progress(f"scale: relist: {time.monotonic() - t0:.0f}s, operator knows {held} Held")
         time.sleep(1.0)
-    settle = wait_idle(op, leases - 1, timeout, "relist")
+    settle = wait_idle(op, leases, timeout, "relist")
     seconds, cpu = time.monotonic() - t0, op.cpu() - cpu0
     since = apiserver_requests(cluster)  # kube-apiserver's counters restarted with it
     # pods are left out: kube-controller-manager and kube-scheduler list them again too
     requests = {k: v for k, v in operator_requests({}, since).items() if " pods" not in k}
     rss, hwm = op.rss_mb()
     peak = max(hwm, op.peak_rss_mb) if peak_reset else op.peak_rss_mb
-    progress(f"scale: relist: the operator knew of the deletion {relisted}s after the "
+    progress(f"scale: relist: the operator knew of the Held probe {relisted}s after the "
              f"restart began; idle after {seconds:.1f}s, CPU {cpu:.1f}s, peak RSS {peak:.0f} MB")
     return {"apiserver_down_seconds": down, "compacted_revision": compacted[0] if compacted
-            else None, "deleted_in_etcd": deleted[0] if deleted else 0,
+            else None, "probe_written": bool(probed and probed[0]),
             "relisted_seconds": relisted, "idle_seconds": seconds, "settle": settle,
             "cpu_s": cpu, "rss_mb": rss, "rss_mb_peak": peak, "peak_reset": peak_reset,
             "requests_all_clients": requests,
             "jobleases_lists_all_clients": requests.get("LIST jobleases", 0.0)}
+
+
+def _hold_in_etcd(cluster: Any, namespace: str, name: str) -> bool:
+    """Turn one JobLease Held (by ``relist-probe``, for a day) by writing etcd directly."""
+    key = f"/registry/{GROUP}/{PLURAL}/{namespace}/{name}"
+    raw = cluster.etcd_get(key)
+    if raw is None:
+        return False
+    obj = json.loads(raw)
+    old = LeaseStatus.from_dict(obj.get("status") or {})
+    now = datetime.now(UTC)
+    status = replace(old, phase=Phase.HELD, holder="relist-probe",
+                     generation=old.generation + 1,
+                     epoch=old.epoch if old.epoch is not None else 1, acquire_time=now,
+                     renew_time=now, lease_until=now + timedelta(days=1))
+    obj["status"] = {**(obj.get("status") or {}), **status.to_dict()}
+    cluster.etcd_put(key, json.dumps(obj).encode())
+    return True
 
 
 def _renewals(cluster: Any, op: Operator, kubeconfig: str, namespace: str, names: list[str],

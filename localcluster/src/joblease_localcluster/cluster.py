@@ -385,15 +385,23 @@ class LocalCluster:
         self._etcd_call("/v3/kv/compaction", {"revision": str(revision), "physical": True})
         return revision
 
-    def etcd_delete(self, key: str) -> int:
-        """Delete one key from etcd directly, behind kube-apiserver's back; how many went.
+    def etcd_get(self, key: str) -> bytes | None:
+        """Read one key straight from etcd (``None`` if absent).
 
-        For a forced relist that must be *seen*: an object deleted while kube-apiserver is
-        down (``/registry/<group>/<plural>/<namespace>/<name>`` for a custom resource) sends
-        no watch event to anyone, so only a client that lists again finds out it is gone.
+        With :meth:`etcd_put`, for a change that must be *seen*: an object changed while
+        kube-apiserver is down (``/registry/<group>/<plural>/<namespace>/<name>`` holds a
+        custom resource as JSON) sends no watch event to anyone, so only a client that lists
+        again finds out.
         """
         encoded = base64.b64encode(key.encode()).decode()
-        return int(self._etcd_call("/v3/kv/deleterange", {"key": encoded}).get("deleted", 0))
+        kvs = self._etcd_call("/v3/kv/range", {"key": encoded}).get("kvs") or []
+        return base64.b64decode(kvs[0]["value"]) if kvs else None
+
+    def etcd_put(self, key: str, value: bytes) -> int:
+        """Write one key straight into etcd; the revision of the write."""
+        body = {"key": base64.b64encode(key.encode()).decode(),
+                "value": base64.b64encode(value).decode()}
+        return int(self._etcd_call("/v3/kv/put", body)["header"]["revision"])
 
     def _etcd_call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST to etcd's JSON gateway (http on 127.0.0.1) and return the decoded answer."""
