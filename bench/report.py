@@ -180,7 +180,7 @@ def _scale_rows(sc: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]
          _requests(rs["requests"]), "", "0 writes", _ok(rs["jobleases_writes"] == 0)),
         _peak_row("forced relist (410)", rl["rss_mb_peak"], n),
         ("forced relist: kube-apiserver down; the operator has listed again (knows of a "
-         "JobLease deleted in etcd meanwhile) / idle (s since the restart began); CPU",
+         "JobLease turned Held in etcd meanwhile) / idle (s since the restart began); CPU",
          f"{rl['apiserver_down_seconds']:.1f} s; {_s(rl['relisted_seconds'] or math.nan)} s"
          f" / {rl['idle_seconds']:.1f} s" + ("" if rl["settle"]["idle"] else " **not idle**")
          + f"; {rl['cpu_s']:.1f} CPU-s",

@@ -235,6 +235,7 @@ def _start_during_creation(cluster: Any, op: Operator, kubeconfig: str, namespac
     time.sleep(1.0)  # the sampler's watch is open before the first creation
     op.new_peak()
     before, cpu0, t0 = apiserver_requests(cluster), op.cpu(), time.monotonic()
+    sampler_lists = sampler.lists  # its first LIST came before ``before``
     created = _create(store, namespace, names, durations, sampler)
     progress(f"scale: created {leases} in {created:.1f}s ({leases / created:.0f}/s); "
              "waiting until every one shows a status and the operator knows all")
@@ -270,7 +271,7 @@ def _start_during_creation(cluster: Any, op: Operator, kubeconfig: str, namespac
     # ours: every POST of a JobLease, the field-selector checks and the sampler's LISTs
     requests["POST jobleases"] = requests.get("POST jobleases", 0.0) - leases
     requests["LIST jobleases"] = (requests.get("LIST jobleases", 0.0) - ours_lists
-                                  - sampler.lists)
+                                  - (sampler.lists - sampler_lists))
     requests = {k: v for k, v in requests.items() if v}
     settle = wait_idle(op, leases, timeout, "after creation")
     writes = {"jobleases": _jl_writes(after) - _jl_writes(before) - leases,
