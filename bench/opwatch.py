@@ -160,11 +160,13 @@ def unstatused(api: KubeApi, namespace: str) -> bool:
     """Whether kube-apiserver still has a JobLease without ``status.phase`` in ``namespace``.
 
     A ``status.phase=`` field selector (the CRD's selectable field; a missing field
-    selects as empty) with ``limit=1``: one request, one object at most.
+    selects as empty) with ``limit=1``: one request, one object at most. Should the selector
+    see the stored object and not its defaulted reading (a status defaulted by the CRD, never
+    written), the object it finds shows a phase as served: that one counts as visible.
     """
     body = api.request("GET", lease_path(namespace),
                        query={"fieldSelector": "status.phase=", "limit": "1"}, timeout=60).body
-    return bool(body.get("items"))
+    return any(not (item.get("status") or {}).get("phase") for item in body.get("items", []))
 
 
 class VisibleSampler:
