@@ -106,9 +106,14 @@ def _traced_run(api: KubeApi, kubeconfig: str, work: Path, phase: str, leases: i
         "JOBLEASE_TRACEMALLOC_FRAMES": str(frames)})
     try:
         op.launch(timeout=300)
-        deadline = time.monotonic() + timeout
-        while unstatused(api, NAMESPACE) and time.monotonic() < deadline:
+        began = time.monotonic()
+        last_report = began
+        while unstatused(api, NAMESPACE) and time.monotonic() < began + timeout:
             op.alive()
+            if time.monotonic() - last_report >= 10:
+                last_report = time.monotonic()
+                progress(f"opmem: {phase}: {last_report - began:.0f}s, some JobLeases still "
+                         f"without a status, RSS {op.rss_mb()[0]:.0f} MB")
             time.sleep(2)
         settle = wait_idle(op, leases, timeout, f"opmem {phase}")
         progress(f"opmem: {phase}: idle ({settle['idle']}) after {settle['seconds']:.0f}s; "
