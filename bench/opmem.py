@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import signal
+import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=64,
                         help="tracemalloc frames per allocation (1 = the old one-frame view)")
     args = parser.parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C: the control plane and the operator are stopped, not orphaned
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="joblease-opmem-"))
     timeout = 0.2 * args.leases + 300  # tracemalloc with all frames is slow
     with LocalCluster() as cluster:
