@@ -5,10 +5,11 @@ With ``JOBLEASE_TRACEMALLOC_OUT`` set, starts tracemalloc with
 SIGUSR2, the live allocations as JSON rows ``[allocating file, owner file, owner line,
 bytes, blocks]``. The *allocating file* is the innermost frame (what one-frame tracemalloc
 reports); the *owner* is the innermost frame outside the standard library and generated code
-(``<string>``, ``<frozen ...>``): the code that asked for the memory. Why both: with one
-frame, a dataclass instance made by kopf is charged to ``dataclasses``/``<string>`` or to
-whichever helper built it, not to kopf (issue 28: kopf's ``ResourceMemory`` was undercounted
-that way).
+(``<string>``, ``<frozen ...>``): the code that asked for the memory; ``<imported code>``
+when the import machinery did (modules, classes and functions being loaded), not the
+``import`` line that triggered it. Why both: with one frame, a dataclass instance made by
+kopf is charged to ``dataclasses``/``<string>`` or to whichever helper built it, not to kopf
+(issue 28: kopf's ``ResourceMemory`` was undercounted that way).
 """
 
 import json
@@ -30,6 +31,8 @@ def _generic(filename: str) -> bool:
 def _owner(traceback: tracemalloc.Traceback) -> tuple[str, int]:
     frames = list(traceback)  # oldest first: the innermost (allocating) frame is the last
     for frame in reversed(frames):
+        if frame.filename.startswith("<frozen importlib"):
+            return "<imported code>", 0  # not the ``import`` line that triggered it
         if not _generic(frame.filename):
             return frame.filename, frame.lineno
     return frames[-1].filename, frames[-1].lineno
