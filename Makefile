@@ -68,7 +68,7 @@ bench: control-plane ## benchmarks; prints a table, writes bench/results/
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench
 
-bench-scale: control-plane ## the scale section at 100,000 JobLeases (SCALE_LEASES=…); 22 to 27 minutes here
+bench-scale: control-plane ## the scale section at 100,000 JobLeases (SCALE_LEASES=…): start, restart, relist, expiry, TTL, pool; over 30 minutes here
 	$(BIN)/pip install -q -c constraints.txt -e '.[bench]'
 	$(BIN)/python -m bench --only scale --leases $${SCALE_LEASES:-100000} --out bench/results/scale
 

@@ -68,6 +68,35 @@ def proc_rss_mb(pid: int) -> tuple[float, float]:
     return fields.get("VmRSS", 0.0), fields.get("VmHWM", 0.0)
 
 
+def proc_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (``/proc/PID/stat``; 0 if gone).
+
+    Why from /proc and not from the process's own metrics: the same reading works for any
+    version of the operator, and reading it costs the measured process nothing.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rpartition(")")[2].split()  # the command name may contain spaces
+    utime, stime = int(fields[11]), int(fields[12])  # fields 14 and 15 of proc(5)
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset a process's ``VmHWM`` to its current RSS, so the next peak is one phase's own.
+
+    Writes ``5`` to ``/proc/PID/clear_refs`` (Linux 4.0+; only for a process we may
+    ptrace, i.e. our own child). Returns whether it worked; if not, ``VmHWM`` stays the
+    process's lifetime peak and the phase's peak is only what the RSS samples saw.
+    """
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
 def install_crd(cluster: Any) -> None:
     """Apply the canonical CRD and wait until the API server serves it."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD), check=True)

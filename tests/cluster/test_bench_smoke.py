@@ -2,7 +2,8 @@
 
 A smoke test, not a measurement: it proves every section, the table and the JSON still
 work, so the benchmark cannot rot silently. The numbers are in docs/benchmarks.md. Section
-"pool" runs in a test of its own (it needs PostgreSQL too, and can be run alone).
+"pool" runs in a test of its own (it needs PostgreSQL too, and can be run alone), and so does
+"scale" (``-k scale``: its phases restart the operator and kube-apiserver).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 from support.paths import REPO
 
-SECTIONS = ("latency", "contention", "throughput", "handover", "scale", "cli")
+SECTIONS = ("latency", "contention", "throughput", "handover", "cli")
 
 
 def _quick(out: Path, sections: tuple[str, ...],
@@ -38,11 +39,40 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
         assert section in results, section
     assert results["latency"]["floor"]["n"] > 0
     assert results["contention"]["errors"] == 0
-    assert results["scale"]["renewals"]["writes_per_renewal"] == 0
-    assert results["scale"]["expiry"]["expired"] == results["scale"]["expiry"]["leases"]
     assert results["cli"]["verbs"]["get"]["wall_s"]["n"] == 3
     assert "`joblease claim`" in proc.stdout
     assert (tmp_path / "latest.md").read_text().startswith("| measurement |")
+
+
+def test_bench_quick_scale_runs(tmp_path: Path) -> None:
+    """Issue 28's phases ran and measured something, whichever operator is under test."""
+    proc = _quick(tmp_path, ("scale",), timeout=420)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    scale: dict[str, Any] = json.loads((tmp_path / "results.json").read_text())["scale"]
+    assert scale["renewals"]["writes_per_renewal"] == 0
+    assert scale["expiry"]["expired"] == scale["expiry"]["leases"]
+    start, restart, relist = scale["start"], scale["restart"], scale["relist"]
+    assert start["caught_up"] and start["known"] >= scale["leases"], start
+    assert start["cpu_s"] > 0 and start["requests_per_creation"] >= 0
+    visible = start["visible"]
+    assert visible["samples"] > 0 and visible["unseen"] == 0, visible
+    assert scale["idle"]["seconds"] > 0 and scale["idle"]["cpu_ms_per_s"] >= 0
+    # a restart over initialized JobLeases writes none of them
+    assert restart["settle"]["idle"] and restart["jobleases_writes"] == 0, restart
+    assert restart["rss_mb_peak"] > 0 and restart["cpu_s"] > 0
+    # after kube-apiserver's restart over a compacted etcd the operator listed all again
+    assert relist["relisted_seconds"] is not None and relist["settle"]["idle"], relist
+    assert relist["rss_mb_peak"] > 0
+    bursts = scale["expiry_due_at_once"]
+    assert [b["leases"] for b in bursts] == [20, 50], bursts
+    for burst in bursts:
+        assert burst["expired"] == burst["leases"] and burst["due_together"] > 0, burst
+        assert burst["bound_s"] > 0
+    for row in ("| start during the creation of 200 JobLeases: operator peak RSS",
+                "| restart over 200 initialized JobLeases: operator peak RSS",
+                "| forced relist (410): operator peak RSS", "| operator CPU per creation",
+                "| expiry lag, 50 due at once"):
+        assert row in proc.stdout, row
 
 
 @pytest.mark.postgres
