@@ -18,10 +18,12 @@ WORKDIR /src
 # pip lines). constraints.txt pins every transitive dependency, the same pins the tests ran
 # with.
 COPY pyproject.toml constraints.txt README.md LICENSE ./
-# The dependencies first, installed through an empty stand-in package, so that a change to
+# The dependencies first, installed through a stand-in package (only `__version__`, which pyproject.toml reads), so that a change to
 # the source reuses this layer (the slow part) and rebuilds only the next one.
 # setuptools/wheel pinned for the build itself; no build isolation so no unpinned fetch.
-RUN mkdir -p operator/joblease && touch operator/joblease/__init__.py \
+RUN mkdir -p operator/joblease \
+ && echo '__version__ = "0"  # placeholder: the real package is installed below' \
+      > operator/joblease/__init__.py \
  && python -m venv /opt/joblease \
  && /opt/joblease/bin/pip install setuptools==80.9.0 wheel==0.45.1 \
  && /opt/joblease/bin/pip install --no-build-isolation -c constraints.txt '.[postgres]'
