@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import timedelta
 
 import pytest
 from prometheus_client import REGISTRY
@@ -19,12 +20,14 @@ from prometheus_client import REGISTRY
 from joblease.controller.runtime import Operator
 from joblease.controller.settings import OperatorSettings
 from joblease.core.steps import transact
-from joblease.domain.lease import Observed
+from joblease.domain.lease import Observed, decide_claim
+from joblease.domain.time import format_time
 from joblease.kube.api import ConflictError, InvalidError
 from joblease.kube.leases import LeaseStore
 from support.fakekube import FakeKubeApi, lease_object
 
 pytestmark = pytest.mark.unit
+AVAILABLE = {"phase": "Available", "generation": 0, "attempts": 0}  # the CRD's status default
 
 
 def conflicts() -> float:
@@ -41,12 +44,12 @@ def counting_store() -> tuple[FakeKubeApi, LeaseStore, list[str]]:
 
 def test_each_409_of_a_compare_and_swap_is_reported_once() -> None:
     api, store, seen = counting_store()
-    api.put_object(lease_object("job"))  # no status: an initialization is due
+    api.put_object(lease_object("job", AVAILABLE))
     api.refuse_next = [ConflictError(409, "Conflict", "modified") for _ in range(3)]
-    from joblease.domain.lease import decide_initialize
 
-    out = transact(store, "ns", "job", lambda obs, now: decide_initialize(obs, now))
-    assert out.transition is not None and out.transition.kind == "initialized"
+    out = transact(store, "ns", "job",
+                   lambda obs, now: decide_claim(obs, "a", now, timedelta(0)))
+    assert out.transition is not None and out.transition.kind == "claimed"
     assert seen == ["409"] * 3
 
 
@@ -81,21 +84,27 @@ class CalibratedFake(FakeKubeApi):
 
 
 def test_the_operator_counts_a_conflict_of_its_own_write() -> None:
-    """Operator.start wires the counter: an initialization that meets one 409 counts one."""
+    """Operator.start wires the counter: an expiry that meets one 409 counts one."""
     api = CalibratedFake()
-    api.put_object(lease_object("job"))
+    ended = api.now.earliest - timedelta(seconds=60)
+    api.put_object(lease_object("job", {
+        "phase": "Held", "holder": "a", "generation": 1, "epoch": 7, "attempts": 0,
+        "acquireTime": format_time(ended - timedelta(seconds=30)),
+        "renewTime": format_time(ended - timedelta(seconds=30)),
+        "leaseUntil": format_time(ended)}))
     api.refuse_next = [ConflictError(409, "Conflict", "modified")]
 
     async def scenario() -> float:
         op = Operator(OperatorSettings(writers=1, metrics_port=0),
                       api_factory=lambda _: api)  # type: ignore[arg-type,return-value]
+        op._start_feeds = lambda api: None  # type: ignore[method-assign]  # fed by hand
         before = conflicts()
         await op.start()
         try:
             op.observe_lease({"type": "ADDED", "object": api.stored("ns", "job")})
             deadline = time.monotonic() + 5
-            while "status" not in (api.stored("ns", "job") or {}):
-                assert time.monotonic() < deadline, "the lease was never initialized"
+            while (api.stored("ns", "job") or {})["status"]["phase"] != "Expired":
+                assert time.monotonic() < deadline, "the lease was never expired"
                 await asyncio.sleep(0.02)
         finally:
             await op.stop()
