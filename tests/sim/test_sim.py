@@ -121,7 +121,11 @@ def test_rediscovers_a_hostile_timestamp_halting_the_operator(
     monkeypatch.setattr(lease_module, "parse_time", old_parse)
     monkeypatch.setattr(lease_module, "add_time", overflowing_add)
     import joblease.controller.reconciler as reconciler_module
+    import joblease.domain.time as time_module
     monkeypatch.setattr(reconciler_module, "add_time", overflowing_add)
+    # The one expiry rule (domain.time.expiry_at/expiry_due, which the reconciler's heaps
+    # judge by) adds through its own module's add_time: the old, overflowing one there too.
+    monkeypatch.setattr(time_module, "add_time", overflowing_add)
     monkeypatch.setattr(Reconciler, "object_failed", no_isolation)
     # Fewer workers than leases: a crashed holder's lease waits for the operator's expiry.
     config = Config(workers=2, leases=3, duration=2, hostile=True, crash=0.05, seconds=30,
