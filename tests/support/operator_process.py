@@ -6,6 +6,7 @@ The one wrapper every suite (and ``bench``) uses; it only ever signals its own P
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import urllib.request
@@ -17,6 +18,18 @@ from joblease_localcluster.process import free_port
 from .waiting import wait_for
 
 __all__ = ["OperatorProcess", "free_port"]
+
+
+# An HTTP 403 in a log: the status code standing alone ('" 403 None"', "(403)", "403
+# Forbidden") or kopf's and the API's "Forbidden" — not the digits 403 inside a timestamp's
+# milliseconds ("07:12:36,403"), a duration, a port, a name or an id, which a plain substring
+# test matched.
+FORBIDDEN = re.compile(r"(?:^|(?<=[\s\"(=]))403(?=$|[\s)\":,])|Forbidden")
+
+
+def forbidden_lines(log: str) -> list[str]:
+    """The lines of ``log`` that show a request refused with 403 (empty: none)."""
+    return [line for line in log.splitlines() if FORBIDDEN.search(line)]
 
 
 class OperatorProcess:

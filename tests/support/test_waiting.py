@@ -40,3 +40,19 @@ def test_retry_raises_the_last_error_after_its_time() -> None:
 
     with pytest.raises(ConnectionError, match="still down"):
         retry(broken, seconds=0.1, pause=0.01)
+
+
+def test_forbidden_lines_finds_403_answers_not_timestamps() -> None:
+    """The operators' logs are searched for refused requests; a timestamp's milliseconds
+    ("07:12:36,403") once failed the pod delegation test as a "403"."""
+    from support.operator_process import forbidden_lines
+
+    log = "\n".join([
+        "2026-12-06 07:12:36,403 INFO joblease.operator.pods: renewed",
+        'DEBUG urllib3: "PATCH /api/v1/namespaces/t-403/pods/a HTTP/1.1" 200 None',
+        "uid ec5709e3-a6bd-4031-b732-14aeb7b43db2 port 40321 took 1.403 s",
+        'DEBUG urllib3: "GET /apis/joblease.dev/v1alpha1/jobleases HTTP/1.1" 403 None',
+        "kopf: APIForbiddenError: ('jobleases is forbidden', ...)",
+        "ApiError: (403) Reason: Forbidden",
+    ])
+    assert forbidden_lines(log) == log.splitlines()[3:]
