@@ -60,15 +60,6 @@ HEARTBEAT_PROBE = ("import os, sys, time; "
                    "sys.exit(time.time() - os.stat('/tmp/heartbeat').st_mtime > 2)")
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
 
 @pytest.fixture
 def operator(node_cluster: NodeCluster, tmp_path: Path) -> Iterator[OperatorProcess]:

@@ -14,12 +14,10 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psycopg
-import pytest
 from node_support import VENV_PYTHON, WORKER, NodeCluster, worker_pod
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,15 +26,6 @@ from support.waiting import wait_for
 
 DURATION = 3
 
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def _events(nc: NodeCluster, ns: str, pod: str) -> list[dict[str, Any]]:

@@ -126,16 +126,6 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-@pytest.fixture(scope="module")
-def pg() -> Iterator[PostgresServer]:
-    """The fenced target (127.0.0.1; the host-network workers reach it there)."""
-    server = PostgresServer()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
 
 @pytest.fixture(scope="module")
 def release(node_cluster: NodeCluster) -> Iterator[Release]:
