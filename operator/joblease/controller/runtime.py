@@ -117,7 +117,12 @@ class Operator:
             await asyncio.to_thread(self.api.close)
 
     def observe_lease(self, event: Mapping[str, Any]) -> None:
-        """Keep the lease view current from one raw watch event (the feed's, or a test's)."""
+        """Keep the lease view current from one raw watch event (tests and embedders).
+
+        The run's own feed does not come through here: it decodes with ``compact_lease``
+        and delivers records through :class:`ViewSink` (then :meth:`observe`). This entry
+        decodes the same way and counts an unreadable object as the feed does.
+        """
         body: dict[str, Any] = dict(event.get("object") or {})
         if not body.get("metadata", {}).get("resourceVersion"):
             return
@@ -155,7 +160,6 @@ class Operator:
             self.pods.drop(pod)
         else:
             self.pods.put(pod)
-
 
     def _start_feeds(self, api: KubeApi) -> None:
         """One feed thread per watched namespace (or one for all; see :func:`feed_scopes`)."""
