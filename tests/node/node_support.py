@@ -18,8 +18,11 @@ missing piece: an error, never a skip (CI runs as root).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import secrets
+import signal
 import ssl
 import sys
 import threading
@@ -98,6 +101,31 @@ class NodeCluster:
             assert out.returncode == 0, out.stderr
             pids += [int(line.split()[0]) for line in out.stdout.splitlines()[1:] if line.strip()]
         return pids
+
+    @contextlib.contextmanager
+    def paused(self, ns: str, pod: str) -> Iterator[list[int]]:
+        """Every process of the pod's app containers stopped (SIGSTOP) inside the block.
+
+        Why tolerate a process that is gone: the listing is a snapshot, and a short-lived
+        process in the container (a readiness probe's exec) can end between the listing and
+        the signal (CI failed once on exactly that, ``ProcessLookupError`` on SIGSTOP). A
+        process that has ended needs no pause and gets no SIGCONT; one the kubelet kills
+        while stopped (a probe past its timeout) is skipped on resume too. The block is
+        given the PIDs actually stopped, and at least one must be: a pod with nothing left
+        to pause is a failure of the test, not a pause.
+        """
+        stopped: list[int] = []
+        for pid in self.container_pids(ns, pod):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        assert stopped, f"no process of pod {ns}/{pod} was left to pause"
+        try:
+            yield stopped
+        finally:
+            for pid in stopped:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
 
 
 def worker_pod(name: str, ns: str, args: list[str], *, lease: str | None = None,

@@ -22,7 +22,6 @@ token of the pod the Job counted as succeeded for that index.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import threading
 import time
@@ -197,10 +196,7 @@ def test_indexed_job_one_fenced_writer_per_index(
         claimed_until = wait_for(lambda: log.until.get((f"{JOB}-0", n0)), 10, "the lease log")
 
         # (b) freeze index 1's holder: every process of its container
-        frozen = nc.container_pids(ns, p1)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)
-        try:
+        with nc.paused(ns, p1):
             # (a) delete index 0's holder; it ignores SIGTERM and keeps writing
             followers.append(follow_logs(nc, ns, p0, tmp_path / "p0.log"))
             wait_for(lambda: log.until[(f"{JOB}-0", n0)] != claimed_until, DURATION,
@@ -256,9 +252,6 @@ def test_indexed_job_one_fenced_writer_per_index(
             assert n1_new > n1
             wait_for(lambda: first_row_of(dsn, f"{JOB}-1", n1_new), 60,
                      f"{r1} to write with generation {n1_new}")
-        finally:
-            for pid in frozen:
-                os.kill(pid, signal.SIGCONT)
         wait_for(lambda: "refused by the fence" in (tmp_path / "p1.log").read_text(), 30,
                  f"{p1}'s resumed write to be refused")
         r1_first = first_row_of(dsn, f"{JOB}-1", n1_new)

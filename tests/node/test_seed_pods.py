@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -68,19 +67,13 @@ def test_paused_pod_is_fenced_out(node_cluster: NodeCluster, node_ns: str,
                      60, "pod-a to write")[0]
     n = first["gen"]
     assert nc.lease(ns, "seed")["holder"] == "pod-a"
-    pids = nc.container_pids(ns, "pod-a")
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with nc.paused(ns, "pod-a"):
         nc.apply(pod("pod-b"))
         b_first = wait_for(lambda: [e for e in _events(nc, ns, "pod-b")
                                     if e.get("event") == "wrote"], 60, "pod-b to write")[0]
         assert b_first["gen"] == n + 1
         status = nc.lease(ns, "seed")
         assert (status["holder"], status["generation"]) == ("pod-b", n + 1)
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
     # A resumes: its renewal is refused, `joblease run` kills its command; any write it
     # still attempts is refused by PostgreSQL's fence.
     ended = wait_for(lambda: _terminated(nc, ns, "pod-a"), 60, "pod-a's container to end")

@@ -17,12 +17,10 @@ uninstall); the release is uninstalled at the end even when a test failed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -293,22 +291,13 @@ def test_user_journey(release: Release, node_ns: str, pg: PostgresServer) -> Non
     wait_for(lambda: nc.pod_ready(ns, b), 60, f"{b} Ready (standby)")
     assert "holding" not in _log(nc, ns, b)
     # Step 4: pause the holder (every process of its container) past the lease.
-    pids = nc.container_pids(ns, a)
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    paused = time.monotonic()
-    try:
+    with nc.paused(ns, a):
+        paused = time.monotonic()
         wait_for(lambda: not nc.pod_ready(ns, a), 30, f"{a} not Ready while paused")
         # Step 5: the other pod takes over with the next generation and writes.
         wait_for(lambda: _holder(nc, ns) == (b, n + 1), 60, f"{b} to hold generation {n + 1}")
         wait_for(lambda: "wrote a row" in _log(nc, ns, b), 60, f"{b} to write")
         handover = time.monotonic() - paused
-    finally:
-        for pid in pids:
-            # a readiness-probe process caught by the pause is killed by the kubelet's probe
-            # timeout while stopped: nothing left to resume
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
     # Step 6: the paused worker resumes into its write with generation n: refused, exit 4.
     wait_for(lambda: _last_exit(nc, ns, a) == 4, 60, f"{a} to exit 4 (refused by the fence)")
     # The ended container's log: still the current one until the kubelet restarts it.
