@@ -156,7 +156,9 @@ def run(cluster: Any, kubeconfig: str, namespace: str, leases: int, renew_leases
         # queued `Created` Events then (10/s), which is not the cost of an idle pass
         progress(f"scale: phase 3/8: the operator idle for {idle_seconds:.0f}s")
         out["idle"] = idle_cpu(op, idle_seconds)
-        progress(f"scale: idle: {out['idle']['cpu_ms_per_s']:.1f} ms of CPU per second")
+        progress(f"scale: idle: {out['idle']['cpu_ms_per_s']:.1f} ms of CPU per second; "
+                 f"{out['idle']['pass_cpu_ms']:.3f} ms per reconcile pass "
+                 f"({out['idle']['passes']:.0f} passes)")
         progress("scale: phase 4/8: a forced relist (kube-apiserver restarted, etcd "
                  "compacted)")
         # the last name: no later phase claims it (the pool worker's set-up finishes it)
