@@ -95,13 +95,11 @@ def test_downward_file_follows_takeovers_env_keeps_start_value(
             # env from the same fieldRef: still the value the pod started with
             assert entry["env"] == "0", entry
             last_gen = gen
-            # delete first, then start the next standby: the Ready standby takes over while
-            # the new pod starts (one after the other, the round took both times)
-            nc.kubectl("delete", "pod", pod, "-n", ns, "--grace-period=0", "--force",
-                       check=True)
             _, seconds = _start(nc, ns, f"w{count}")
             running.append(seconds)
             count += 1
+            nc.kubectl("delete", "pod", pod, "-n", ns, "--grace-period=0", "--force",
+                       check=True)
     finally:
         watch.stop()
     lags.sort()
