@@ -185,11 +185,13 @@ class ClaimDecider:
     claim_id: str | None
     last: Transition | None = None
     observed: Observed | None = None
+    reassign: bool = False  # a dispatcher taking back an unadopted claim (decide_claim)
 
     def __call__(self, obs: Observed, now: ServerNow) -> Transition | None:
         """Decide (``transact``'s step 3) and remember the decision and what it read."""
         self.observed = obs
-        self.last = decide_claim(obs, self.holder, now, self.margin, self.claim_id)
+        self.last = decide_claim(obs, self.holder, now, self.margin, self.claim_id,
+                                 reassign=self.reassign)
         return self.last
 
     def exhaustion_refused(self) -> LeaseFinishedError | None:

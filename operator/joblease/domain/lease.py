@@ -336,8 +336,34 @@ class Claim:
     claim_id: str | None = None
 
 
+DISPATCH_CLAIM_PREFIX = "dispatch-"  # a dispatcher's claim ids (docs/pools.md, issue 30)
+ADOPTION_STEP = timedelta(milliseconds=1)  # the stored times' resolution
+
+
+def dispatch_claim_id(claim_id: str) -> str:
+    """The claim id a dispatcher writes when it claims a job for a worker."""
+    return f"{DISPATCH_CLAIM_PREFIX}{claim_id}"
+
+
+def unadopted(st: LeaseStatus) -> bool:
+    """Whether ``st`` is a dispatcher's claim its assignee has not adopted: it never ran.
+
+    How it is known from the object alone: a dispatcher's claim carries a claim id with
+    :data:`DISPATCH_CLAIM_PREFIX` (the chart's holder-only policy refuses that prefix from
+    anyone else), and writes ``renewTime == acquireTime``. The assignee *adopts* it with a
+    renewal before it runs anything (``decide_renew`` moves ``renewTime`` past
+    ``acquireTime``), and that renewal is a compare-and-swap: an assignee whose adoption
+    failed runs nothing. So a Held lease still unadopted has run nowhere, and taking it
+    back must count no attempt and impose no backoff.
+    """
+    return (st.phase == Phase.HELD and bool(st.holder) and st.claim_id is not None
+            and st.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+            and st.acquire_time is not None and st.renew_time == st.acquire_time)
+
+
 def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
-                 claim_id: str | None = None) -> Transition | None:
+                 claim_id: str | None = None, *, reassign: bool = False
+                 ) -> Transition | None:
     """Decide a claim by ``holder``; ``None`` means "already ours: adopt it".
 
     1. A lease Held under ``claim_id`` is this caller's own earlier claim whose response was
@@ -355,6 +381,12 @@ def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
        from) unless the status already has one (written by an operator before issue 28,
        which initialised every JobLease with it).
 
+    An unadopted dispatcher's claim (:func:`unadopted`) never ran: taking it over, once
+    expired, counts no attempt and waits for no backoff; with ``reassign`` (the dispatcher
+    taking back the job of an assignee whose presence lapsed) it is taken at once, before
+    it expires — safe, because the assignee's adoption is conditional on the version the
+    dispatcher overwrites, so at most one of the two writes lands.
+
     Raises:
         LeaseFinishedError: step 2.
         LeaseHeldError: step 3.
@@ -366,10 +398,11 @@ def decide_claim(obs: Observed, holder: str, now: ServerNow, margin: timedelta,
     if st.phase.finished:
         raise LeaseFinishedError(obs.name, st.phase.value, st.token(), st.message or "")
     attempts = st.attempts
+    never_ran = unadopted(st)
     if st.phase == Phase.HELD and st.holder:
-        if not is_expired(st.lease_until, now, margin):
+        if not (reassign and never_ran) and not is_expired(st.lease_until, now, margin):
             raise LeaseHeldError(obs.name, st.holder, st.token(), st.lease_until)
-        attempts += 1
+        attempts += 0 if never_ran else 1
     if obs.spec.max_attempts is not None and attempts >= obs.spec.max_attempts:
         return _fail(obs, replace(st, attempts=attempts), now,
                      f"{attempts} attempts used of maxAttempts {obs.spec.max_attempts}")
@@ -396,7 +429,7 @@ def not_before(obs: Observed) -> datetime | None:
     """
     st = obs.status
     if st.phase == Phase.HELD and st.holder and st.lease_until is not None:
-        if obs.spec.backoff is None:
+        if obs.spec.backoff is None or unadopted(st):
             return None
         return add_time(st.lease_until, obs.spec.retry_delay(st.attempts + 1))
     return st.not_before
@@ -428,6 +461,8 @@ def decide_renew(obs: Observed, claim: Claim, now: ServerNow, margin: timedelta)
     """
     st = _require_current(obs, claim, now, margin)
     at = now.midpoint
+    if unadopted(st) and st.acquire_time is not None:  # the adoption: renewTime must move
+        at = max(at, st.acquire_time + ADOPTION_STEP)
     status = replace(st, renew_time=at, lease_until=add_time(at, obs.spec.duration))
     return Transition("renewed", status,
                       f"renewed by {claim.holder!r} at generation {claim.token.generation}")
@@ -496,7 +531,7 @@ def decide_expire(obs: Observed, now: ServerNow, margin: timedelta) -> Transitio
     st = obs.status
     if st.phase != Phase.HELD or not is_expired(st.lease_until, now, margin):
         return None
-    attempts = st.attempts + 1
+    attempts = st.attempts + (0 if unadopted(st) else 1)  # an unadopted claim never ran
     if obs.spec.max_attempts is not None and attempts >= obs.spec.max_attempts:
         return _fail(obs, replace(st, attempts=attempts), now,
                      f"generation {st.generation} of {st.holder!r} expired; {attempts} attempts "

@@ -407,6 +407,14 @@ class PoolView:
         for key in self._order:
             yield self._items[key[-1]]  # the name comes last in every order key
 
+    def in_order(self) -> Iterator[Observed]:
+        """The unfinished cached JobLeases, best first: a dispatcher's queue (step 2)."""
+        return self._in_order()
+
+    def held_by(self) -> dict[str, int]:
+        """How many JobLeases each holder holds (Held), as cached: its busy slots."""
+        return dict(self._holders)
+
     def candidates(self, now: ServerNow, margin: timedelta) -> list[Observed]:
         """The JobLeases a claim may take now (step 1), best first (step 2)."""
         return [obs for obs in self._in_order()

@@ -1,0 +1,110 @@
+"""Who gets which job: a pool dispatcher's decision, pure (issue 30, item 1).
+
+A dispatched pool has one decider (``joblease.core.dispatcher.Dispatcher``) that claims the
+head of the pool's queue *for* a worker with free slots, the way kube-scheduler binds a pod
+to a node; the worker then adopts the claim and runs it (``docs/pools.md``). This module is
+the decision only, with no I/O, so that its promises are tested by properties:
+
+* **never beyond a worker's free slots**: a worker announces its slots (its
+  ``--concurrency``) in its presence record; its busy slots are the Held JobLeases it holds
+  (an unadopted assignment included) plus the claims for it still in flight;
+* **strict priority, FIFO within a priority**: the queue is the pool's order (priority,
+  creation, creation revision, name: ``joblease.domain.pool``), and the jobs assigned are
+  always a *prefix* of it: no job is assigned while one before it is left waiting;
+* **spread**: each next job goes to the worker with the most free slots left (ties by
+  name), so that one worker's slots do not all fill while others idle.
+
+Safety does not depend on any of this: every assignment is one compare-and-swap checked by
+the API server (a stale decision costs a refused write, never a second holder).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Collection, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from joblease.domain.clock import ServerNow
+from joblease.domain.lease import Observed, claimable_at, unadopted
+
+
+@dataclass(frozen=True)
+class Queued:
+    """A job the dispatcher may assign now; ``reassign``: it takes back an unadopted claim."""
+
+    job: Observed
+    reassign: bool = False
+
+
+def free_slots(announced: Mapping[str, int], busy: Mapping[str, int], cap: int
+               ) -> dict[str, int]:
+    """Each live worker's free slots: its announced slots (at most ``cap``) less its busy ones.
+
+    Args:
+        announced: The live workers' announced slots (presence records).
+        busy: Held JobLeases per holder plus claims in flight for it.
+        cap: The most slots the dispatcher believes of one worker (an announcement is only
+            the worker's word: docs/pools.md, who may receive work).
+    """
+    return {who: max(0, min(slots, cap) - busy.get(who, 0)) for who, slots in announced.items()}
+
+
+def dispatch_queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
+                   live: Collection[str], skip: Collection[str], limit: int
+                   ) -> list[Queued]:
+    """The first ``limit`` jobs the dispatcher may assign now, in the pool's order.
+
+    A job may be assigned when a claim may succeed by now (``claimable_at``), or when it is
+    an unadopted assignment (``unadopted``) whose assignee is no longer live: it never ran,
+    and is taken back at once without counting an attempt.
+
+    Args:
+        in_order: The pool's unfinished jobs, best first (``PoolView.in_order``).
+        now: The server's time now.
+        margin: The claims' clock margin.
+        live: The live workers (an assignee not among them is gone).
+        skip: Jobs not to assign now (claims in flight, refused until a newer version).
+        limit: How many at most (the free slots in all: more could not be assigned).
+    """
+    return list(_queue(in_order, now, margin, live, skip, limit))
+
+
+def _queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
+           live: Collection[str], skip: Collection[str], limit: int) -> Iterator[Queued]:
+    if limit <= 0:
+        return
+    found = 0
+    for obs in in_order:
+        if obs.name in skip:
+            continue
+        at = claimable_at(obs, margin)
+        if at is not None and now.earliest >= at:
+            yield Queued(obs)
+        elif unadopted(obs.status) and obs.status.holder not in live:
+            yield Queued(obs, reassign=True)
+        else:
+            continue
+        found += 1
+        if found >= limit:
+            return
+
+
+def plan(queue: Iterable[Queued], free: Mapping[str, int]) -> list[tuple[Queued, str]]:
+    """Assign the head of ``queue`` to workers with free slots: ``[(job, worker), ...]``.
+
+    Each next job goes to the worker with the most free slots left (ties: the smaller
+    name), until the queue or the slots run out; the jobs assigned are a prefix of
+    ``queue``, and no worker gets more than its free slots.
+    """
+    heap = [(-slots, who) for who, slots in free.items() if slots > 0]
+    heapq.heapify(heap)
+    assigned: list[tuple[Queued, str]] = []
+    for queued in queue:
+        if not heap:
+            break
+        slots, who = heapq.heappop(heap)
+        assigned.append((queued, who))
+        if slots + 1 < 0:
+            heapq.heappush(heap, (slots + 1, who))
+    return assigned
