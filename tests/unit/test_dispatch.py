@@ -163,3 +163,11 @@ def test_an_adopted_claim_counts_its_attempt_as_any_claim_does() -> None:
     later = ServerNow.exact(T_NOW + timedelta(seconds=30))
     after = decide_claim(obs, "w3", later, MARGIN)
     assert after is not None and after.status.attempts == 1
+
+
+def test_an_assignment_left_unadopted_too_long_is_taken_back_from_a_live_worker() -> None:
+    obs = job("j", held("w1", dispatch_claim_id("x")))  # acquired at 12:00:05, now 12:00:10
+    assert dispatch_queue([obs], NOW, MARGIN, live={"w1"}, skip=(), limit=5,
+                          adopt_within=timedelta(seconds=5)) == [Queued(obs, reassign=True)]
+    assert dispatch_queue([obs], NOW, MARGIN, live={"w1"}, skip=(), limit=5,
+                          adopt_within=timedelta(seconds=6)) == []

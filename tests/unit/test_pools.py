@@ -522,7 +522,8 @@ def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
     stop = threading.Event()
     stop.set()  # the first Sleep ends the round at once
     with pytest.raises(Stopped):  # one round of another worker of the same pool
-        drive(other.steps(type("Sink", (), {"workers": lambda self, live: None})()),
+        drive(other.steps(type("Sink", (), {"workers": lambda self, live: None,
+                                          "dispatcher": lambda self, until: None})()),
               SyncPort(LeaseStore(api), stop=stop))  # type: ignore[arg-type]
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
     assert pool.presence is None  # no holder named yet

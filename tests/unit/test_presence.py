@@ -35,8 +35,13 @@ class Collect:
     def __init__(self) -> None:
         self.seen: list[dict[str, datetime]] = []
 
+        self.dispatchers: list[datetime | None] = []
+
     def workers(self, live: dict[str, datetime]) -> None:
         self.seen.append(live)
+
+    def dispatcher(self, until: datetime | None) -> None:
+        self.dispatchers.append(until)
 
 
 def rounds(presence: Presence, api: FakeKubeApi, n: int) -> Collect:

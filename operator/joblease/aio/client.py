@@ -240,13 +240,14 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
         """
         return AsyncLeaseHolding(lease, renew_fraction, stop_before=stop_before)
 
-    def pool(self, selector: str | None, *, spread: int = DEFAULT_SPREAD) -> AsyncPool[AsyncLease]:
+    def pool(self, selector: str | None, *, spread: int = DEFAULT_SPREAD,
+             slots: int | None = None) -> AsyncPool[AsyncLease]:
         """The work pool of JobLeases matching the label ``selector`` in this namespace.
 
         ``async with client.pool("team=batch") as pool:`` lists and watches once for every
         coroutine that calls ``await pool.claim_next(...)`` (:class:`AsyncPool`).
         """
-        return AsyncPool(self, selector, spread=spread)
+        return AsyncPool(self, selector, spread=spread, slots=slots)
 
     async def claim_next(self, selector: str | None, holder: str | None = None, *,
                          timeout: float | None = None, spread: int = DEFAULT_SPREAD,

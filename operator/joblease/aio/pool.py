@@ -26,15 +26,16 @@ import contextlib
 import logging
 from datetime import timedelta
 from types import TracebackType
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
 from joblease.core.asteps import AsyncPort, adrive
-from joblease.core.claiming import PooledLease, claim_chosen
+from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, Feed
-from joblease.core.pool_engine import Ask, EngineFront, PoolClock, PoolEngine, Wait
+from joblease.core.pool_engine import Adopt, Ask, EngineFront, PoolClock, PoolEngine, Wait
 from joblease.core.presence import Presence
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
+from joblease.domain.token import FencingToken
 from joblease.kube.aioleases import AsyncLeaseStore
 from joblease.kube.transport import AsyncTransport
 
@@ -63,6 +64,17 @@ class AsyncPoolClient(Protocol[L_co]):
                     max_conflicts: int = ...) -> L_co:
         """Claim once (the pool's one conditional write)."""
 
+    async def resume(self, name: str, holder: str | None, token: FencingToken,
+                     claim_id: str | None = None) -> L_co:
+        """A lease for a claim made elsewhere (a dispatcher's, adopted)."""
+
+
+class AsyncRenewable(Protocol):
+    """What adopting a dispatcher's claim needs of a lease: its first renewal."""
+
+    async def renew(self) -> None:
+        """Renew once (the adoption: a conditional write)."""
+
 log = logging.getLogger("joblease.aio")
 
 
@@ -80,13 +92,13 @@ class AsyncPool(EngineFront, Generic[L]):
 
     def __init__(self, client: AsyncPoolClient[L], selector: str | None, *,
                  spread: int = DEFAULT_SPREAD, watch_seconds: int = WATCH_SECONDS,
-                 presence: bool = True) -> None:
+                 presence: bool = True, slots: int | None = None) -> None:
         self.client = client
         self.selector = selector
         self.spread = spread
         self._changed = asyncio.Event()  # replaced on every change (see _signal)
         self.engine = PoolEngine(client.namespace, selector, PoolClock(client.api),
-                                 presence=presence, wake=self._signal)
+                                 presence=presence, wake=self._signal, slots=slots)
         self.view: PoolView = self.engine.view
         self._follower: asyncio.Task[None] | None = None
         self.feed = Feed(client.namespace, selector, watch_seconds=watch_seconds)
@@ -165,13 +177,16 @@ class AsyncPool(EngineFront, Generic[L]):
             chosen = await self._choose_or_wait(ask)
             if chosen is None:
                 return None
-            lease = await self._claim(chosen, ask)
+            if isinstance(chosen, Adopt):
+                lease = await self._adopt(chosen.job, ask)
+            else:
+                lease = await self._claim(chosen, ask)
             if lease is not None:
                 return lease
 
     # -- choosing, waiting, claiming (the engine decides) ------------------------------------
 
-    async def _choose_or_wait(self, ask: Ask) -> Observed | None:
+    async def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | None:
         """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
         while (wait := self.engine.await_list(ask.end)) is not None:
             await _until(self._changed, wait.seconds)
@@ -192,6 +207,21 @@ class AsyncPool(EngineFront, Generic[L]):
             self.engine.settle(chosen, None)
             raise
         return self.engine.settle(chosen, outcome)
+
+    async def _adopt(self, job: Observed, ask: Ask) -> L | None:
+        """Adopt a dispatcher's claim: resume it and renew it once (as ``Pool._adopt``)."""
+        outcome: L | Exception
+        try:
+            lease = await self.client.resume(job.name, ask.who, job.status.token(),
+                                             claim_id=job.status.claim_id)
+            await cast(AsyncRenewable, lease).renew()
+            outcome = lease
+        except ADOPTION_REFUSED as refusal:
+            outcome = refusal
+        except BaseException:
+            self.engine.settle(job, None)
+            raise
+        return self.engine.settle(job, outcome)
 
     # -- the watch ------------------------------------------------------------------------
 

@@ -158,7 +158,7 @@ def work(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     client = _client(args, calibrate=True, one_shot=False)
     client.calibrate()  # once, before the first claim, rather than in the first slot's claim
-    pool = client.pool(args.selector)
+    pool = client.pool(args.selector, slots=args.concurrency)  # a dispatcher may give work
     options = WorkOptions(command, concurrency=args.concurrency, until_empty=args.until_empty,
                           drain_timeout=args.drain_timeout, grace=args.grace,
                           holder=args.holder, progress_every=args.progress_every)

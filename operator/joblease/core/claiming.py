@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from joblease.core.steps import ClaimBy, Sleep, Steps
-from joblease.domain.errors import LeaseNotFoundError, LeaseUnavailableError
+from joblease.domain.errors import LeaseLostError, LeaseNotFoundError, LeaseUnavailableError
 from joblease.domain.lease import Observed
 from joblease.kube.api import ConflictError, UnavailableError
 from joblease.kube.identity import new_claim_id
@@ -42,6 +42,9 @@ class PooledLease(Protocol):
 FIRST_PAUSE = 0.05
 LOST_ANSWER_PAUSE_MAX = 2.0
 REFUSED = (LeaseUnavailableError, LeaseNotFoundError, ConflictError, ContentionError)
+# Adopting a dispatcher's claim (a resume and one renewal) refused: the dispatcher took it
+# back meanwhile (stale, lost), it was deleted. The pool sets it aside and chooses again.
+ADOPTION_REFUSED = (LeaseLostError, LeaseNotFoundError)
 
 
 def claim_chosen(chosen: Observed, holder: str, end: float | None,

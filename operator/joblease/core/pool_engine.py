@@ -117,13 +117,20 @@ class Ask:
 
 
 @dataclass(frozen=True)
+class Adopt:
+    """A dispatcher claimed ``job`` for this worker: adopt it (a renewal), then run it."""
+
+    job: Observed
+
+
+@dataclass(frozen=True)
 class Wait:
     """Nothing to claim yet: wait for a change, at most ``seconds`` (``None``: no bound)."""
 
     seconds: float | None
 
 
-Decision = Observed | Wait | None
+Decision = Observed | Adopt | Wait | None
 
 
 class PoolEngine:
@@ -136,6 +143,9 @@ class PoolEngine:
         presence: Keep a presence record (``announce`` makes it).
         guard: Held around every change (a ``threading.Condition``; reentrant).
         wake: Called, guard held, after every change: waiting claimers look again.
+        slots: This worker's slots, announced in its presence record so that a pool
+            dispatcher may claim jobs for it (``None``: not announced; the worker still
+            adopts what is claimed for it, and chooses by turns).
 
     Attributes:
         view: The pool's cache (``PoolView``).
@@ -149,8 +159,10 @@ class PoolEngine:
     def __init__(self, namespace: str, selector: str | None, clock: PoolClock, *,
                  presence: bool = True,
                  guard: AbstractContextManager[Any] | None = None,
-                 wake: Callable[[], None] = lambda: None) -> None:
+                 wake: Callable[[], None] = lambda: None, slots: int | None = None) -> None:
         self.namespace = namespace
+        self.slots = slots
+        self.dispatcher_until: datetime | None = None  # the dispatcher's record lapses then
         self.selector = selector
         self.clock = clock
         self.view = PoolView()
@@ -207,6 +219,13 @@ class PoolEngine:
             self._presence_names = set(live)
             self._changed()
 
+    def dispatcher(self, until: datetime | None) -> None:
+        """The dispatcher's record just listed: while it lives, this worker only adopts."""
+        with self._guard:
+            if until != self.dispatcher_until:
+                self.dispatcher_until = until
+                self._changed()
+
     # -- the pool's life ------------------------------------------------------------------
 
     def close(self) -> bool:
@@ -230,7 +249,7 @@ class PoolEngine:
         with self._guard:
             if not self._with_presence or self.presence is not None or self.closed:
                 return None
-            self.presence = Presence(self.namespace, self.selector, who)
+            self.presence = Presence(self.namespace, self.selector, who, slots=self.slots)
             return self.presence
 
     # -- claiming ---------------------------------------------------------------------------
@@ -257,7 +276,13 @@ class PoolEngine:
                 self._raise_if_dead()
                 return None  # closed under a waiting claim: a worker's loop ends
             now = self.clock.server_now()
-            chosen = self.view.choose(ask.who, now, margin, ask.spread, exclude=self._claiming)
+            assigned = self._assigned(ask.who)
+            if assigned is not None:
+                self._claiming.add(assigned.name)
+                return Adopt(assigned)
+            dispatched = self.dispatched(now)
+            chosen = None if dispatched else self.view.choose(
+                ask.who, now, margin, ask.spread, exclude=self._claiming)
             if chosen is not None:
                 self._claiming.add(chosen.name)  # siblings choose others meanwhile
                 return chosen
@@ -266,7 +291,25 @@ class PoolEngine:
             left = self._left(ask.end)
             if left is not None and left <= 0:
                 return None
+            if dispatched:  # wait to be given work, or for the dispatcher to lapse
+                return Wait(_least(self._until_wake(self.dispatcher_until), left))
             return Wait(_least(self._until_wake(self.view.next_wake(now, margin)), left))
+
+    def dispatched(self, now: ServerNow) -> bool:
+        """Whether a live dispatcher gives this worker its work (then it chooses nothing).
+
+        Only a worker that announced its slots is given work; the others, and every worker
+        once the dispatcher's record lapsed (on the server's earliest time), take turns.
+        """
+        until = self.dispatcher_until
+        return self.slots is not None and until is not None and now.earliest < until
+
+    def _assigned(self, who: str) -> Observed | None:
+        """A claim a dispatcher made for ``who`` that no sibling is adopting yet."""
+        for obs in self.view.assigned_to(who):
+            if obs.name not in self._claiming and not self.view.is_set_aside(obs.name):
+                return obs
+        return None
 
     def settle(self, chosen: Observed, outcome: L | Exception | None) -> L | None:
         """Fold a claim's outcome in; the lease won, or ``None`` (choose again, or it raised).

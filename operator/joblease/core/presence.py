@@ -47,6 +47,9 @@ PRESENCE_SECONDS = 15  # a record lapses this long after its last renewal
 RENEW_SECONDS = 5.0  # how often a worker renews its record and re-reads the others'
 WARM_UP = (0.5, 1.0, 2.0)  # the first rounds come sooner: workers started together meet
 POOL_LABEL = "joblease.dev/pool"
+ROLE_LABEL = "joblease.dev/role"  # "dispatcher" on a pool's dispatcher record (issue 30)
+DISPATCHER_ROLE = "dispatcher"
+SLOTS_ANNOTATION = "joblease.dev/slots"  # a worker's slots (its --concurrency), announced
 PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,9 @@ class PresenceSink(Protocol):
 
     def workers(self, live: dict[str, datetime]) -> None:
         """The pool's workers as just listed: holder → server time its presence lapses."""
+
+    def dispatcher(self, until: datetime | None) -> None:
+        """The pool's dispatcher record as just listed: when it lapses (``None``: none)."""
 
 
 def pool_key(selector: str | None) -> str:
@@ -93,6 +99,8 @@ class Presence:
         holder: This worker's holder name (every thread of a worker shares it).
         seconds: How long a record lives without renewal.
         every: Seconds between renewals.
+        slots: The worker's slots, announced to a dispatcher (``None``: not announced, so
+            no dispatcher assigns it work: a worker that would not adopt it).
 
     Attributes:
         enabled: ``False`` once the API server refused presence (see the module doc).
@@ -100,8 +108,10 @@ class Presence:
     """
 
     def __init__(self, namespace: str, selector: str | None, holder: str, *,
-                 seconds: int = PRESENCE_SECONDS, every: float = RENEW_SECONDS) -> None:
+                 seconds: int = PRESENCE_SECONDS, every: float = RENEW_SECONDS,
+                 slots: int | None = None) -> None:
         self.namespace = namespace
+        self.slots = slots
         self.pool = pool_key(selector)
         self.holder = holder
         self.seconds = seconds
@@ -117,7 +127,9 @@ class Presence:
         while self.enabled:
             try:
                 yield from self._renew_steps()  # 1
-                sink.workers((yield from self._list_steps()))  # 2
+                items = yield from self._list_steps()  # 2
+                sink.workers(live_records(items))
+                sink.dispatcher(dispatcher_until(items))
             except (ForbiddenError, NotFoundError) as err:
                 self._refused(err)
                 return
@@ -142,21 +154,26 @@ class Presence:
         now: ServerNow = yield ServerTime()
         spec = {"holderIdentity": self.holder, "leaseDurationSeconds": self.seconds,
                 "renewTime": micro_time(now.midpoint)}
+        annotations = {} if self.slots is None else {SLOTS_ANNOTATION: str(self.slots)}
+        patch: dict[str, Any] = {"spec": spec}
+        if annotations and self.counts.renewals == 0:  # announced once (then only renewed)
+            patch["metadata"] = {"annotations": annotations}
         try:
             yield Call(LeaseCall("PATCH", f"{self._path}/{self.name}", _raw,
-                                 body={"spec": spec}, content_type=MERGE_PATCH))
+                                 body=patch, content_type=MERGE_PATCH))
         except NotFoundError:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "labels": {POOL_LABEL: self.pool}},
+                    "metadata": {"name": self.name, "labels": {POOL_LABEL: self.pool},
+                                 **({"annotations": annotations} if annotations else {})},
                     "spec": {**spec, "acquireTime": spec["renewTime"]}}
             yield Call(LeaseCall("POST", self._path, _raw, body=body))
         self.counts.renewals += 1
 
-    def _list_steps(self) -> Steps[dict[str, datetime]]:
+    def _list_steps(self) -> Steps[list[dict[str, Any]]]:
         body: dict[str, Any] = yield Call(LeaseCall(
             "GET", self._path, _raw, query={"labelSelector": f"{POOL_LABEL}={self.pool}"}))
         self.counts.lists += 1
-        return live_records(body.get("items") or [])
+        return list(body.get("items") or [])
 
     def _refused(self, err: ApiError) -> None:
         self.enabled = False
@@ -166,19 +183,63 @@ class Presence:
 
 
 def live_records(items: list[dict[str, Any]]) -> dict[str, datetime]:
-    """``{holder: the server time its record lapses}`` of listed records (unreadable skipped)."""
+    """``{holder: the server time its record lapses}`` of listed worker records.
+
+    Unreadable records are skipped, and so is a dispatcher's record (:func:`role`): a
+    dispatcher is no worker.
+    """
     live: dict[str, datetime] = {}
     for item in items:
-        spec = item.get("spec") if isinstance(item, dict) else None
-        try:
-            holder = str(spec["holderIdentity"])  # type: ignore[index]
-            until = parse_time(str(spec["renewTime"])) + timedelta(  # type: ignore[index]
-                seconds=int(spec["leaseDurationSeconds"]))  # type: ignore[index]
-        except (KeyError, TypeError, ValueError, OverflowError):
+        if role(item) == DISPATCHER_ROLE:
             continue
-        if until > live.get(holder, until - timedelta(seconds=1)):
-            live[holder] = until
+        read = record_until(item)
+        if read is not None and read[1] > live.get(read[0], read[1] - timedelta(seconds=1)):
+            live[read[0]] = read[1]
     return live
+
+
+def announced_slots(items: list[dict[str, Any]]) -> dict[str, int]:
+    """``{holder: slots}`` of the listed worker records that announce their slots."""
+    slots: dict[str, int] = {}
+    for item in items:
+        if role(item) == DISPATCHER_ROLE or not isinstance(item, dict):
+            continue
+        read = record_until(item)
+        value = (item.get("metadata") or {}).get("annotations", {}).get(SLOTS_ANNOTATION)
+        try:
+            if read is not None and value is not None:
+                slots[read[0]] = max(0, int(value))
+        except (TypeError, ValueError):
+            continue
+    return slots
+
+
+def dispatcher_until(items: list[dict[str, Any]]) -> datetime | None:
+    """When the latest listed dispatcher record lapses (``None``: there is none)."""
+    times = [read[1] for item in items if role(item) == DISPATCHER_ROLE
+             and (read := record_until(item)) is not None]
+    return max(times, default=None)
+
+
+def role(item: Any) -> str | None:
+    """A listed record's role label (``dispatcher``), ``None`` for a worker's record."""
+    if not isinstance(item, dict):
+        return None
+    labels = (item.get("metadata") or {}).get("labels") or {}
+    value = labels.get(ROLE_LABEL) if isinstance(labels, dict) else None
+    return str(value) if value is not None else None
+
+
+def record_until(item: Any) -> tuple[str, datetime] | None:
+    """A record's ``(holderIdentity, renewTime + leaseDurationSeconds)``; ``None``: unreadable."""
+    spec = item.get("spec") if isinstance(item, dict) else None
+    try:
+        holder = str(spec["holderIdentity"])  # type: ignore[index]
+        until = parse_time(str(spec["renewTime"])) + timedelta(  # type: ignore[index]
+            seconds=int(spec["leaseDurationSeconds"]))  # type: ignore[index]
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return None
+    return holder, until
 
 
 def _raw(body: dict[str, Any]) -> dict[str, Any]:

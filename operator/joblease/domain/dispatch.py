@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from joblease.domain.clock import ServerNow
-from joblease.domain.lease import Observed, claimable_at, unadopted
+from joblease.domain.lease import LeaseStatus, Observed, claimable_at, unadopted
+
+ADOPT_WITHIN = timedelta(seconds=10)  # an assignment left unadopted longer is taken back
 
 
 @dataclass(frozen=True)
@@ -51,13 +53,15 @@ def free_slots(announced: Mapping[str, int], busy: Mapping[str, int], cap: int
 
 
 def dispatch_queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
-                   live: Collection[str], skip: Collection[str], limit: int
-                   ) -> list[Queued]:
+                   live: Collection[str], skip: Collection[str], limit: int,
+                   adopt_within: timedelta = ADOPT_WITHIN) -> list[Queued]:
     """The first ``limit`` jobs the dispatcher may assign now, in the pool's order.
 
     A job may be assigned when a claim may succeed by now (``claimable_at``), or when it is
-    an unadopted assignment (``unadopted``) whose assignee is no longer live: it never ran,
-    and is taken back at once without counting an attempt.
+    an unadopted assignment (``unadopted``) whose assignee is no longer live, or has not
+    adopted it within ``adopt_within``: it never ran, and is taken back at once without
+    counting an attempt (an assignee that never adopts — an impostor, a worker of another
+    pool — costs each job ``adopt_within``, never an attempt).
 
     Args:
         in_order: The pool's unfinished jobs, best first (``PoolView.in_order``).
@@ -66,12 +70,21 @@ def dispatch_queue(in_order: Iterable[Observed], now: ServerNow, margin: timedel
         live: The live workers (an assignee not among them is gone).
         skip: Jobs not to assign now (claims in flight, refused until a newer version).
         limit: How many at most (the free slots in all: more could not be assigned).
+        adopt_within: How long an assignee may leave its assignment unadopted.
     """
-    return list(_queue(in_order, now, margin, live, skip, limit))
+    return list(_queue(in_order, now, margin, live, skip, limit, adopt_within))
+
+
+def overdue(st: LeaseStatus, now: ServerNow, live: Collection[str],
+            adopt_within: timedelta) -> bool:
+    """Whether ``st`` is an unadopted assignment to take back: its assignee gone or late."""
+    return (unadopted(st) and st.acquire_time is not None
+            and (st.holder not in live or now.earliest >= st.acquire_time + adopt_within))
 
 
 def _queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
-           live: Collection[str], skip: Collection[str], limit: int) -> Iterator[Queued]:
+           live: Collection[str], skip: Collection[str], limit: int,
+           adopt_within: timedelta) -> Iterator[Queued]:
     if limit <= 0:
         return
     found = 0
@@ -81,7 +94,7 @@ def _queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
         at = claimable_at(obs, margin)
         if at is not None and now.earliest >= at:
             yield Queued(obs)
-        elif unadopted(obs.status) and obs.status.holder not in live:
+        elif overdue(obs.status, now, live, adopt_within):
             yield Queued(obs, reassign=True)
         else:
             continue

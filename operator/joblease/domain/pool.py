@@ -89,6 +89,7 @@ from joblease.domain.lease import (
     claimable_at,
     not_before,
     parse_time,
+    unadopted,
 )
 
 DEFAULT_SPREAD = 32
@@ -225,6 +226,7 @@ class PoolView:
     _deferred: datetime | None = None
     _rankings: dict[str, tuple[frozenset[str], dict[str, int]]] = field(default_factory=dict)
     _timed: set[str] = field(default_factory=set)
+    _assigned: dict[str, set[str]] = field(default_factory=dict)
 
     def replace(self, items: Iterable[Observed], resource_version: str) -> None:
         """Start over from a list (the first one, or after the watch's history expired)."""
@@ -236,6 +238,9 @@ class PoolView:
         for obs in self._items.values():
             self._note_holder(obs)
         self._timed = {obs.name for obs in self._items.values() if _timed(obs)}
+        self._assigned = {}
+        for obs in self._items.values():
+            self._note_assigned(obs)
         self._rankings = {}
         self._set_aside = {name: rv for name, rv in self._set_aside.items()
                            if name in self._items
@@ -287,6 +292,7 @@ class PoolView:
         if (holder := _active_holder(obs)) is not None:
             self._holders[holder] += 1
         self._note_holder(obs)
+        self._note_assigned(obs)
         if self._set_aside.get(obs.name) != obs.resource_version:
             self._set_aside.pop(obs.name, None)
 
@@ -297,6 +303,11 @@ class PoolView:
         self._timed.discard(name)
         if old is None:
             return
+        if unadopted(old.status) and old.status.holder:
+            names = self._assigned.get(old.status.holder, set())
+            names.discard(name)
+            if not names:
+                self._assigned.pop(old.status.holder, None)
         if not old.status.phase.finished:
             key = _order_key(old)
             at = bisect_left(self._order, key)
@@ -371,6 +382,10 @@ class PoolView:
         if version == current.resource_version:
             self._set_aside[name] = version
 
+    def set_aside_names(self) -> set[str]:
+        """The names skipped until a newer version of each arrives."""
+        return set(self._set_aside)
+
     def is_set_aside(self, name: str) -> bool:
         """Whether ``name`` is skipped until a newer version of it arrives."""
         return name in self._set_aside
@@ -406,6 +421,14 @@ class PoolView:
         """The unfinished cached JobLeases, best first (step 2)."""
         for key in self._order:
             yield self._items[key[-1]]  # the name comes last in every order key
+
+    def assigned_to(self, worker: str) -> list[Observed]:
+        """The dispatcher's claims for ``worker`` it has not adopted yet (issue 30)."""
+        return [self._items[name] for name in sorted(self._assigned.get(worker, ()))]
+
+    def _note_assigned(self, obs: Observed) -> None:
+        if unadopted(obs.status) and obs.status.holder:
+            self._assigned.setdefault(obs.status.holder, set()).add(obs.name)
 
     def in_order(self) -> Iterator[Observed]:
         """The unfinished cached JobLeases, best first: a dispatcher's queue (step 2)."""

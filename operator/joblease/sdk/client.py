@@ -233,7 +233,8 @@ class LeaseClient(ClientCore["Lease"]):
             name, holder, claim_id, observed=observed, max_conflicts=max_conflicts)),
             self._port)
 
-    def pool(self, selector: str, *, spread: int = DEFAULT_SPREAD) -> Pool[Lease]:
+    def pool(self, selector: str, *, spread: int = DEFAULT_SPREAD,
+             slots: int | None = None) -> Pool[Lease]:
         """A work pool: the JobLeases of this namespace matching the label ``selector``.
 
         The pool lists them once and then watches them, in a thread of its own, so that
@@ -241,9 +242,10 @@ class LeaseClient(ClientCore["Lease"]):
         the API server and wakes up as soon as something becomes claimable. Share one pool
         between the threads of a worker; close it when done (``with client.pool(s) as p:``).
         The identity needs ``list`` and ``watch`` on jobleases besides ``get`` and
-        ``patch`` on their status.
+        ``patch`` on their status. ``slots``: announce that many slots to the pool's
+        dispatcher, if it has one (docs/pools.md); ``None``: not dispatched to.
         """
-        return Pool(self, selector, spread=spread)
+        return Pool(self, selector, spread=spread, slots=slots)
 
     def claim_next(self, selector: str, holder: str | None = None, *,
                    timeout: float | None = None, spread: int = DEFAULT_SPREAD,

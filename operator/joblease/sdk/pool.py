@@ -33,15 +33,16 @@ import logging
 import threading
 from datetime import timedelta
 from types import TracebackType
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar, cast
 
-from joblease.core.claiming import PooledLease, claim_chosen
+from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen
 from joblease.core.feed import WATCH_SECONDS, LeaseFeed
-from joblease.core.pool_engine import Ask, EngineFront, PoolClock, PoolEngine, Wait
+from joblease.core.pool_engine import Adopt, Ask, EngineFront, PoolClock, PoolEngine, Wait
 from joblease.core.presence import Presence
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
+from joblease.domain.token import FencingToken
 from joblease.kube.leases import LeaseStore
 from joblease.kube.transport import Transport
 
@@ -68,6 +69,17 @@ class PoolClient(Protocol[L_co]):
     def claim(self, name: str, holder: str | None = None, *, observed: Observed | None = None,
               claim_id: str | None = None, max_conflicts: int = ...) -> L_co:
         """Claim once (the pool's one conditional write)."""
+
+    def resume(self, name: str, holder: str | None, token: FencingToken,
+               claim_id: str | None = None) -> L_co:
+        """A lease for a claim made elsewhere (a dispatcher's, adopted)."""
+
+
+class Renewable(Protocol):
+    """What adopting a dispatcher's claim needs of a lease: its first renewal."""
+
+    def renew(self) -> None:
+        """Renew once (the adoption: a conditional write)."""
 
 DEFAULT_SYNC_TIMEOUT = 30.0
 
@@ -101,7 +113,8 @@ class Pool(EngineFront, Generic[L]):
     """
 
     def __init__(self, client: PoolClient[L], selector: str, *, spread: int = DEFAULT_SPREAD,
-                 watch_seconds: int = WATCH_SECONDS, presence: bool = True) -> None:
+                 watch_seconds: int = WATCH_SECONDS, presence: bool = True,
+                 slots: int | None = None) -> None:
         self.selector = selector
         self.spread = spread
         self._client = client
@@ -109,7 +122,7 @@ class Pool(EngineFront, Generic[L]):
         self.engine = PoolEngine(client.namespace, selector,
                                  PoolClock(client.api, client.api.server_now),
                                  presence=presence, guard=self._changed,
-                                 wake=self._changed.notify_all)
+                                 wake=self._changed.notify_all, slots=slots)
         self.view: PoolView = self.engine.view
         self.feed = LeaseFeed(client.store, client.namespace, selector,
                               watch_seconds=watch_seconds)
@@ -163,7 +176,10 @@ class Pool(EngineFront, Generic[L]):
             chosen = self._choose_or_wait(ask)
             if chosen is None:
                 return None
-            lease = self._claim(chosen, ask)
+            if isinstance(chosen, Adopt):
+                lease = self._adopt(chosen.job, ask)
+            else:
+                lease = self._claim(chosen, ask)
             if lease is not None:
                 return lease
 
@@ -201,7 +217,7 @@ class Pool(EngineFront, Generic[L]):
 
     # -- choosing, waiting, claiming (the engine decides) ------------------------------------
 
-    def _choose_or_wait(self, ask: Ask) -> Observed | None:
+    def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | None:
         """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
         with self._changed:
             self._until_listed(ask.end)
@@ -231,6 +247,26 @@ class Pool(EngineFront, Generic[L]):
             self.engine.settle(chosen, None)
             raise
         return self.engine.settle(chosen, outcome)
+
+    def _adopt(self, job: Observed, ask: Ask) -> L | None:
+        """Adopt a dispatcher's claim for this worker: resume it and renew it once.
+
+        The renewal is the adoption (``joblease.domain.lease.unadopted``): conditional on
+        the claim being current, so a job the dispatcher took back meanwhile is refused
+        here and never run. ``None``: refused (set aside), choose again.
+        """
+        outcome: L | Exception
+        try:
+            lease = self._client.resume(job.name, ask.who, job.status.token(),
+                                        claim_id=job.status.claim_id)
+            cast(Renewable, lease).renew()
+            outcome = lease
+        except ADOPTION_REFUSED as refusal:
+            outcome = refusal
+        except BaseException:
+            self.engine.settle(job, None)
+            raise
+        return self.engine.settle(job, outcome)
 
     # -- the feed (its own thread) -----------------------------------------------------------
 

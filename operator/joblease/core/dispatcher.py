@@ -1,0 +1,385 @@
+"""A pool's dispatcher: one decider that claims the head of the queue *for* a free worker.
+
+Issue 30: with turns, every worker decodes every event of every job and a job waits for a
+turn whose worker is free. A dispatcher is the pool's one decider, as kube-scheduler is for
+pods: it keeps the pool's queue (one list and watch of the selector into a ``PoolView``:
+priority, creation, creation revision), knows the live workers and their free slots from
+their presence records (``joblease.core.presence``: a worker announces its slots once;
+its busy slots are the Held JobLeases it holds, an unadopted assignment included, plus the
+claims in flight for it), decides who gets which job (``joblease.domain.dispatch.plan``,
+pure) and writes each claim with the usual compare-and-swap: holder = the worker,
+generation + 1, a claim id marked as a dispatcher's (``dispatch_claim_id``). The worker
+adopts it (``joblease.core.pool_engine.Adopt``: one renewal) and runs it.
+
+**Who is the dispatcher.** A ``coordination.k8s.io`` Lease per pool,
+``joblease-dispatcher-<pool digest>``, labelled like the workers' records plus
+``joblease.dev/role=dispatcher`` (:class:`DispatcherRecord`). A dispatcher acts only while
+it holds that record (leader election among replicas: create it, renew it, or take it over
+once lapsed, each a conditional write); workers list it with their presence records and
+take turns again once it lapses (``PoolEngine.dispatched``).
+
+**Safety never depends on it.** Every assignment is one conditional write decided by the
+protocol (``decide_claim``) from the version the dispatcher read, checked by the API
+server's rules; a stale decision costs a refused write. An assignment the assignee never
+adopted never ran (``joblease.domain.lease.unadopted``): the dispatcher takes it back
+(``reassign``) when the assignee's presence lapses or it stays unadopted past
+``adopt_within``, counting no attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from joblease.core.feed import LeaseFeed
+from joblease.core.presence import (
+    DISPATCHER_ROLE,
+    PATH,
+    POOL_LABEL,
+    ROLE_LABEL,
+    announced_slots,
+    live_records,
+    micro_time,
+    pool_key,
+    record_until,
+)
+from joblease.core.steps import Call, Steps, Stopped, SyncPort, drive
+from joblease.core.transaction import transaction
+from joblease.domain.clock import ServerNow
+from joblease.domain.dispatch import ADOPT_WITHIN, Queued, dispatch_queue, free_slots, plan
+from joblease.domain.holder import ClaimDecider
+from joblease.domain.lease import Observed, dispatch_claim_id
+from joblease.domain.pool import PoolView
+from joblease.kube.api import MERGE_PATCH, ApiError, ConflictError, NotFoundError
+from joblease.kube.identity import new_claim_id
+from joblease.kube.leases import LeaseCall, LeaseStore
+from joblease.kube.transact import ServerTime
+from joblease.kube.transport import Transport
+
+RECORD_SECONDS = 10  # the dispatcher's record lapses this long after its last renewal
+RENEW_SECONDS = 2.0  # how often the dispatcher renews its record
+LIST_SECONDS = 1.0  # how often it lists the workers' records
+MAX_SLOTS = 64  # the most slots believed of one worker, whatever it announces
+IN_FLIGHT = 8  # claims written at once: write latency must not bound the rate
+REPLICA_ANNOTATION = "joblease.dev/replica"
+
+log = logging.getLogger(__name__)
+
+
+def dispatcher_record_name(pool: str) -> str:
+    """The dispatcher's record of pool digest ``pool``."""
+    return f"joblease-dispatcher-{pool}"
+
+
+class DispatcherRecord:
+    """The dispatcher's ``coordination.k8s.io`` Lease: who dispatches for a pool, until when.
+
+    Args:
+        namespace: The pool's namespace.
+        selector: The pool's label selector.
+        identity: The dispatcher's ``holderIdentity`` (its username, under the chart's
+            presence policy: a record speaks only for its writer).
+        replica: Tells replicas that share an identity apart (an annotation).
+        seconds: How long the record lives without renewal.
+    """
+
+    def __init__(self, namespace: str, selector: str | None, identity: str, *,
+                 replica: str | None = None, seconds: int = RECORD_SECONDS) -> None:
+        self.pool = pool_key(selector)
+        self.name = dispatcher_record_name(self.pool)
+        self.identity = identity
+        self.replica = replica or uuid.uuid4().hex[:12]
+        self.seconds = seconds
+        self._path = PATH.format(namespace=namespace)
+
+    def hold_steps(self) -> Steps[bool]:
+        """One round of leader election: ``True`` while this replica holds the record.
+
+        Creates the record if there is none, renews it if it is ours, takes it over once
+        lapsed on the server's earliest time; each write is conditional (a create, or a
+        patch carrying the resourceVersion read), so two replicas never both win a round.
+        """
+        now: ServerNow = yield ServerTime()
+        try:
+            current: dict[str, Any] = yield Call(LeaseCall("GET", f"{self._path}/{self.name}",
+                                                           _raw))
+        except NotFoundError:
+            try:
+                yield Call(LeaseCall("POST", self._path, _raw, body=self._body(now)))
+            except ConflictError:
+                return False
+            return True
+        read = record_until(current)
+        mine = self._is_mine(current)
+        if not mine and read is not None and now.earliest < read[1]:
+            return False  # another replica holds it
+        meta = {"resourceVersion": current["metadata"]["resourceVersion"],
+                "annotations": {REPLICA_ANNOTATION: self.replica}}
+        try:
+            yield Call(LeaseCall("PATCH", f"{self._path}/{self.name}", _raw,
+                                 body={"metadata": meta, "spec": self._spec(now)},
+                                 content_type=MERGE_PATCH))
+        except (ConflictError, NotFoundError):
+            return False
+        return True
+
+    def leave_steps(self) -> Steps[None]:
+        """Delete the record if it is ours: workers take turns at their next list."""
+        try:
+            current: dict[str, Any] = yield Call(LeaseCall("GET", f"{self._path}/{self.name}",
+                                                           _raw))
+            if self._is_mine(current):
+                yield Call(LeaseCall("DELETE", f"{self._path}/{self.name}", _raw, body={
+                    "preconditions": {"resourceVersion": current["metadata"]["resourceVersion"]}
+                }))
+        except ApiError as err:
+            log.debug("dispatcher record %s: leaving: %s", self.name, err)
+
+    def _is_mine(self, current: dict[str, Any]) -> bool:
+        annotations = (current.get("metadata") or {}).get("annotations") or {}
+        spec = current.get("spec") or {}
+        return bool(spec.get("holderIdentity") == self.identity
+                    and annotations.get(REPLICA_ANNOTATION) == self.replica)
+
+    def _spec(self, now: ServerNow) -> dict[str, Any]:
+        return {"holderIdentity": self.identity, "leaseDurationSeconds": self.seconds,
+                "renewTime": micro_time(now.midpoint)}
+
+    def _body(self, now: ServerNow) -> dict[str, Any]:
+        return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": self.name,
+                             "labels": {POOL_LABEL: self.pool, ROLE_LABEL: DISPATCHER_ROLE},
+                             "annotations": {REPLICA_ANNOTATION: self.replica}},
+                "spec": {**self._spec(now), "acquireTime": micro_time(now.midpoint)}}
+
+
+@dataclass
+class DispatchCounts:
+    """What a dispatcher has done (tests, the bench)."""
+
+    assigned: int = 0
+    reassigned: int = 0
+    refused: int = 0
+    rounds: int = 0
+
+
+class Dispatcher:
+    """One pool's dispatcher, in threads of its own (see the module doc).
+
+    Args:
+        store: The dispatcher's ``LeaseStore`` (its identity writes the claims).
+        api: Its transport (the server-clock estimate every decision judges).
+        margin: The claims' clock margin (``LeaseClient.margin``).
+        namespace: The pool's namespace.
+        selector: The pool's label selector.
+        identity: The dispatcher record's ``holderIdentity``.
+        max_slots: The most slots believed of one worker.
+        in_flight: Claims written at once.
+        adopt_within: How long an assignment may stay unadopted before it is taken back.
+        record_seconds: The dispatcher record's lifetime (workers take turns again this
+            long after the dispatcher's last renewal).
+
+    Attributes:
+        view: The pool's queue (a ``PoolView`` fed by the list and watch).
+        counts: What it has done.
+        leader: Whether it held its record at its last round.
+    """
+
+    def __init__(self, store: LeaseStore, api: Transport, margin: Callable[[], timedelta],
+                 namespace: str, selector: str, identity: str, *, max_slots: int = MAX_SLOTS,
+                 in_flight: int = IN_FLIGHT, adopt_within: timedelta = ADOPT_WITHIN,
+                 record_seconds: int = RECORD_SECONDS, watch_seconds: int = 300) -> None:
+        self.store, self.api, self.margin = store, api, margin
+        self.namespace, self.selector = namespace, selector
+        self.max_slots, self.in_flight, self.adopt_within = max_slots, in_flight, adopt_within
+        self.record = DispatcherRecord(namespace, selector, identity, seconds=record_seconds)
+        self.view = PoolView()
+        self.counts = DispatchCounts()
+        self.leader = False
+        self._lock = threading.Condition()
+        self._synced = False
+        self._flying: dict[str, str] = {}  # job → worker, claims being written
+        self._slots: dict[str, int] = {}
+        self._live: set[str] = set()
+        self._stop = threading.Event()
+        self.feed = LeaseFeed(store, namespace, selector, watch_seconds=watch_seconds)
+        self._executor = ThreadPoolExecutor(max_workers=in_flight,
+                                            thread_name_prefix="joblease-dispatch")
+        self._threads = [threading.Thread(target=self._run_feed, daemon=True,
+                                          name=f"joblease-dispatch-feed[{selector}]"),
+                         threading.Thread(target=self._run, daemon=True,
+                                          name=f"joblease-dispatcher[{selector}]")]
+
+    # -- life ---------------------------------------------------------------------------
+
+    def start(self) -> Dispatcher:
+        """Start the feed and the dispatch loop."""
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def kill(self) -> None:
+        """Stop at once, leaving the record to lapse (what a crash looks like to workers)."""
+        self._stop.set()
+        self.feed.stop()
+        with self._lock:
+            self._lock.notify_all()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self._executor.shutdown(wait=True)
+
+    def close(self) -> None:
+        """Stop and delete the record: workers take turns at their next list."""
+        self.kill()
+        drive(self.record.leave_steps(), SyncPort(self.store))
+
+    # -- the feed (FeedSink) --------------------------------------------------------------
+
+    def replace(self, items: list[Observed], resource_version: str) -> None:
+        """A complete list of the pool."""
+        with self._lock:
+            self.view.replace(items, resource_version)
+            self._synced = True
+            self._lock.notify_all()
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        """A watch event."""
+        with self._lock:
+            self.view.apply(event_type, obs)
+            self._lock.notify_all()
+
+    def bookmark(self, resource_version: str) -> None:
+        """The watch's resume point moved."""
+        with self._lock:
+            self.view.bookmark(resource_version)
+
+    def trouble(self, error: ApiError) -> None:
+        """A list or watch failed (the feed retries)."""
+        log.warning("dispatcher of %r: list/watch failed (%s); retrying", self.selector, error)
+
+    def _run_feed(self) -> None:
+        try:
+            self.feed.run(self)
+        except Exception:  # the loop stops dispatching once the record lapses; say why
+            log.exception("dispatcher of %r: its watch stopped", self.selector)
+            self._stop.set()
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        port = SyncPort(self.store, stop=self._stop)
+        renewed_at = listed_at = float("-inf")
+        try:
+            while not self._stop.is_set():
+                now = self.api.monotonic()
+                if now - renewed_at >= RENEW_SECONDS:
+                    self.leader = self._hold(port)
+                    renewed_at = now
+                if now - listed_at >= LIST_SECONDS:
+                    self._list_workers(port)
+                    listed_at = now
+                if self.leader:
+                    self._dispatch()
+                with self._lock:
+                    self._lock.wait(timeout=0.2)
+        except Stopped:
+            return
+
+    def _hold(self, port: SyncPort) -> bool:
+        try:
+            return drive(self.record.hold_steps(), port)
+        except ApiError as err:
+            log.warning("dispatcher of %r: its record: %s", self.selector, err)
+            return False
+
+    def _list_workers(self, port: SyncPort) -> None:
+        try:
+            body: dict[str, Any] = drive(_list_records(self.namespace, self.record.pool), port)
+        except ApiError as err:
+            log.warning("dispatcher of %r: listing workers: %s", self.selector, err)
+            return
+        items = list(body.get("items") or [])
+        now = self._now()
+        live = {who for who, until in live_records(items).items() if now.earliest < until}
+        with self._lock:
+            self._live = live
+            self._slots = {who: n for who, n in announced_slots(items).items() if who in live}
+
+    def _now(self) -> ServerNow:
+        return self.api.server_now()
+
+    def _dispatch(self) -> None:
+        """One round: plan from the queue and the free slots, and write the claims."""
+        with self._lock:
+            if not self._synced:
+                return
+            room = self.in_flight - len(self._flying)
+            if room <= 0:
+                return
+            busy = Counter(self.view.held_by())
+            busy.update(self._flying.values())
+            free = free_slots(self._slots, busy, self.max_slots)
+            margin = self.margin()
+            queue = dispatch_queue(self.view.in_order(), self._now(), margin, self._live,
+                                   skip=self._skipped(), limit=min(room, sum(free.values())),
+                                   adopt_within=self.adopt_within)
+            decided = plan(queue, free)
+            for queued, worker in decided:
+                self._flying[queued.job.name] = worker
+            self.counts.rounds += 1
+        for queued, worker in decided:
+            self._executor.submit(self._claim, queued, worker, margin).add_done_callback(
+                _log_failure)
+
+    def _skipped(self) -> set[str]:
+        return set(self._flying) | self.view.set_aside_names()
+
+    def _claim(self, queued: Queued, worker: str, margin: timedelta) -> None:
+        """Write one assignment (a conditional write); fold its answer into the queue."""
+        job = queued.job
+        decide = ClaimDecider(worker, margin, dispatch_claim_id(new_claim_id()),
+                              reassign=queued.reassign)
+        try:
+            outcome = drive(transaction(self.namespace, job.name, decide, self.api.monotonic,
+                                        observed=job, max_conflicts=1),
+                            SyncPort(self.store))
+        except Exception as err:  # refused, lost, unreachable: the watch brings the news
+            with self._lock:
+                self._flying.pop(job.name, None)
+                self.view.set_aside(job.name, job.resource_version)
+                self.counts.refused += 1
+                self._lock.notify_all()
+            log.debug("dispatcher of %r: %s for %s refused: %s", self.selector, job.name,
+                      worker, err)
+            return
+        with self._lock:
+            self._flying.pop(job.name, None)
+            self.view.learn(outcome.observed)
+            self.counts.assigned += 1
+            self.counts.reassigned += 1 if queued.reassign else 0
+            self._lock.notify_all()
+
+
+def _list_records(namespace: str, pool: str) -> Steps[dict[str, Any]]:
+    body: dict[str, Any] = yield Call(LeaseCall(
+        "GET", PATH.format(namespace=namespace), _raw,
+        query={"labelSelector": f"{POOL_LABEL}={pool}"}))
+    return body
+
+
+def _log_failure(future: Future[None]) -> None:
+    err = future.exception()
+    if err is not None:
+        log.error("dispatcher: a claim failed unexpectedly", exc_info=err)
+
+
+def _raw(body: dict[str, Any]) -> dict[str, Any]:
+    return body
+
