@@ -50,7 +50,7 @@ from joblease.core.presence import (
     pool_key,
     record_until,
 )
-from joblease.core.steps import Call, Steps, Stopped, SyncPort, drive
+from joblease.core.steps import Call, Steps, Stopped, SyncPort, Whoami, drive
 from joblease.core.transaction import transaction
 from joblease.domain.clock import ServerNow
 from joblease.domain.dispatch import ADOPT_WITHIN, Queued, dispatch_queue, free_slots, plan
@@ -217,6 +217,19 @@ class Dispatcher:
                          threading.Thread(target=self._run, daemon=True,
                                           name=f"joblease-dispatcher[{selector}]")]
 
+    @classmethod
+    def for_client(cls, client: Any, selector: str, identity: str | None = None,
+                   **options: Any) -> Dispatcher:
+        """A dispatcher over a ``LeaseClient``'s store, transport and margin (not started).
+
+        ``identity`` defaults to the client's username (``whoami``): under the chart's
+        presence policy a record may name only its writer.
+        """
+        client.calibrate_if_due()
+        who = identity or str(drive(_whoami(), SyncPort(client.store)))
+        return cls(client.store, client.api, client.margin, client.namespace, selector,
+                   who, **options)
+
     # -- life ---------------------------------------------------------------------------
 
     def start(self) -> Dispatcher:
@@ -365,6 +378,10 @@ class Dispatcher:
             self.counts.assigned += 1
             self.counts.reassigned += 1 if queued.reassign else 0
             self._lock.notify_all()
+
+
+def _whoami() -> Steps[str]:
+    return str((yield Whoami()))
 
 
 def _list_records(namespace: str, pool: str) -> Steps[dict[str, Any]]:

@@ -1,0 +1,121 @@
+"""A pool dispatcher on the real API server (issue 30, items 1-3): it claims for workers,
+they adopt and complete; killed, workers take turns; a dead assignee's job goes to another
+worker without an attempt counted.
+
+Each test runs with the thread pool and the asyncio pool (``open_pool`` from
+``test_pool``). The dispatcher's record lives 2 s here (``record_seconds``) and the
+workers list presence every 0.5 s, so that fallback and return take seconds.
+"""
+
+# ruff: noqa: F811  (the open_pool fixture is imported, then taken as an argument)
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from test_pool import create, open_pool  # noqa: F401  (fixture)
+
+from joblease.core.dispatcher import Dispatcher
+from joblease.core.presence import Presence
+from joblease.core.steps import SyncPort, drive
+from joblease.domain.lease import DISPATCH_CLAIM_PREFIX, Phase
+from joblease.sdk.client import LeaseClient
+from support.waiting import wait_for
+
+RECORD_SECONDS = 2
+
+
+@pytest.fixture
+def dispatchers(make_client: Callable[..., LeaseClient]) -> Iterator[Callable[..., Dispatcher]]:
+    """Start dispatchers of ``pool=p`` (each its own client); all are killed afterwards."""
+    started: list[Dispatcher] = []
+
+    def start(**options: Any) -> Dispatcher:
+        options.setdefault("record_seconds", RECORD_SECONDS)
+        dispatcher = Dispatcher.for_client(make_client(), "pool=p", "dispatcher", **options)
+        started.append(dispatcher.start())
+        return dispatcher
+
+    yield start
+    for dispatcher in started:
+        dispatcher.kill()
+
+
+def announced(pool: Any, holder: str) -> None:
+    """Start ``pool``'s presence as ``holder`` (a claim that finds nothing), listing often."""
+    assert pool.claim_next(holder, timeout=0) is None
+    pool.presence.every = 0.5
+
+
+def dispatched(pool: Any) -> bool:
+    return bool(pool.engine.dispatched(pool.engine.clock.server_now()))
+
+
+def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complete(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    pool = open_pool(slots=2)
+    announced(pool, "w1")
+    for i, priority in enumerate([0, 5, 0, 5]):
+        create(leases, f"job-{i}", priority=priority)
+    dispatcher = dispatchers()
+    wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher")
+    order = []
+    for _ in range(4):
+        lease = pool.claim_next("w1", timeout=10)
+        assert lease is not None
+        assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # the dispatcher's claim
+        order.append(lease.name)
+        lease.complete("done")
+    assert order[:2] == ["job-1", "job-3"] and sorted(order[2:]) == ["job-0", "job-2"]
+    for name in order:
+        status = leases.get(name).status
+        assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 1, 0)
+        assert status.completion is not None and status.completion.holder == "w1"
+    assert pool.conflicts == 0
+    assert dispatcher.counts.assigned == 4 and dispatcher.counts.refused == 0
+
+
+def test_with_the_dispatcher_killed_workers_take_turns_and_return_when_it_is_back(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    pool = open_pool(slots=1)
+    announced(pool, "w1")
+    first = dispatchers()
+    wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher")
+    first.kill()  # its record is left to lapse, as a crash leaves it
+    create(leases, "alone")
+    started = time.monotonic()
+    lease = pool.claim_next("w1", timeout=RECORD_SECONDS + 8)
+    assert lease is not None and not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+    assert time.monotonic() - started <= RECORD_SECONDS + 2  # fell back within its lifetime
+    lease.complete("by turns")
+    dispatchers()  # a new replica takes the lapsed record over
+    wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher back")
+    create(leases, "dispatched-again")
+    again = pool.claim_next("w1", timeout=10)
+    assert again is not None and again.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+
+
+def test_a_dead_assignees_job_goes_to_another_worker_without_an_attempt_counted(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        make_client: Callable[..., LeaseClient],
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    ghost = Presence(leases.namespace, "pool=p", "ghost", seconds=RECORD_SECONDS, slots=1)
+    drive(ghost._renew_steps(), SyncPort(make_client().store))  # one renewal, then it dies
+    create(leases, "job", maxAttempts=1, backoff={"initialSeconds": 60})
+    dispatcher = dispatchers()
+    wait_for(lambda: leases.get("job").status.holder == "ghost", 10,
+             "the job to be assigned to the only worker announced")
+    pool = open_pool(slots=1)
+    announced(pool, "w1")
+    lease = pool.claim_next("w1", timeout=RECORD_SECONDS + 10)
+    assert lease is not None and lease.name == "job"
+    lease.complete("ran once")
+    status = leases.get("job").status
+    # generation 2: the ghost's claim and w1's; no attempt (maxAttempts 1 would have
+    # failed the job, and the backoff would have made it rest for a minute)
+    assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 2, 0)
+    assert dispatcher.counts.reassigned == 1
