@@ -103,13 +103,13 @@ def test_a_dead_assignees_job_goes_to_another_worker_without_an_attempt_counted(
         open_pool: Callable[..., Any], leases: LeaseClient,
         make_client: Callable[..., LeaseClient],
         dispatchers: Callable[..., Dispatcher]) -> None:
+    pool = open_pool(slots=1)  # listed and watching, not yet announced: no worker yet
     ghost = Presence(leases.namespace, "pool=p", "ghost", seconds=RECORD_SECONDS, slots=1)
     drive(ghost._renew_steps(), SyncPort(make_client().store))  # one renewal, then it dies
     create(leases, "job", maxAttempts=1, backoff={"initialSeconds": 60})
     dispatcher = dispatchers()
-    wait_for(lambda: leases.get("job").status.holder == "ghost", 10,
+    wait_for(lambda: leases.get("job").status.holder == "ghost", 20,
              "the job to be assigned to the only worker announced")
-    pool = open_pool(slots=1)
     announced(pool, "w1")
     lease = pool.claim_next("w1", timeout=RECORD_SECONDS + 10)
     assert lease is not None and lease.name == "job"
