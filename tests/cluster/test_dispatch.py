@@ -25,6 +25,12 @@ from joblease.sdk.client import LeaseClient
 from support.waiting import wait_for
 
 RECORD_SECONDS = 2
+OPT_IN = {"enabled": True, "serviceAccountNames": ["w1"]}
+
+
+def worker(leases: LeaseClient) -> str:
+    """The holder a dispatcher may claim for (the job names its ServiceAccount)."""
+    return f"system:serviceaccount:{leases.namespace}:w1"
 
 
 @pytest.fixture
@@ -56,15 +62,16 @@ def dispatched(pool: Any) -> bool:
 def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complete(
         open_pool: Callable[..., Any], leases: LeaseClient,
         dispatchers: Callable[..., Dispatcher]) -> None:
+    w1 = worker(leases)
     pool = open_pool(slots=2)
-    announced(pool, "w1")
+    announced(pool, w1)
     for i, priority in enumerate([0, 5, 0, 5]):
-        create(leases, f"job-{i}", priority=priority)
+        create(leases, f"job-{i}", priority=priority, dispatch=OPT_IN)
     dispatcher = dispatchers()
     wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher")
     order = []
     for _ in range(4):
-        lease = pool.claim_next("w1", timeout=10)
+        lease = pool.claim_next(w1, timeout=10)
         assert lease is not None
         assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # the dispatcher's claim
         order.append(lease.name)
@@ -73,29 +80,34 @@ def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complet
     for name in order:
         status = leases.get(name).status
         assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 1, 0)
-        assert status.completion is not None and status.completion.holder == "w1"
+        assert status.completion is not None and status.completion.holder == w1
     assert pool.conflicts == 0
     assert dispatcher.counts.assigned == 4 and dispatcher.counts.refused == 0
+    create(leases, "not-opted-in")  # never claimed for anyone: the worker takes it itself
+    own = pool.claim_next(w1, timeout=10)
+    assert own is not None and own.name == "not-opted-in"
+    assert not own.claim_id.startswith(DISPATCH_CLAIM_PREFIX) and dispatched(pool)
 
 
 def test_with_the_dispatcher_killed_workers_take_turns_and_return_when_it_is_back(
         open_pool: Callable[..., Any], leases: LeaseClient,
         dispatchers: Callable[..., Dispatcher]) -> None:
+    w1 = worker(leases)
     pool = open_pool(slots=1)
-    announced(pool, "w1")
+    announced(pool, w1)
     first = dispatchers()
     wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher")
     first.kill()  # its record is left to lapse, as a crash leaves it
-    create(leases, "alone")
+    create(leases, "alone", dispatch=OPT_IN)
     started = time.monotonic()
-    lease = pool.claim_next("w1", timeout=RECORD_SECONDS + 8)
+    lease = pool.claim_next(w1, timeout=RECORD_SECONDS + 8)
     assert lease is not None and not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
     assert time.monotonic() - started <= RECORD_SECONDS + 2  # fell back within its lifetime
     lease.complete("by turns")
     dispatchers()  # a new replica takes the lapsed record over
     wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher back")
-    create(leases, "dispatched-again")
-    again = pool.claim_next("w1", timeout=10)
+    create(leases, "dispatched-again", dispatch=OPT_IN)
+    again = pool.claim_next(w1, timeout=10)
     assert again is not None and again.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
 
 
@@ -104,14 +116,17 @@ def test_a_dead_assignees_job_goes_to_another_worker_without_an_attempt_counted(
         make_client: Callable[..., LeaseClient],
         dispatchers: Callable[..., Dispatcher]) -> None:
     pool = open_pool(slots=1)  # listed and watching, not yet announced: no worker yet
-    ghost = Presence(leases.namespace, "pool=p", "ghost", seconds=RECORD_SECONDS, slots=1)
+    ghost_sa = f"system:serviceaccount:{leases.namespace}:ghost"
+    ghost = Presence(leases.namespace, "pool=p", ghost_sa, seconds=RECORD_SECONDS, slots=1)
     drive(ghost._renew_steps(), SyncPort(make_client().store))  # one renewal, then it dies
-    create(leases, "job", maxAttempts=1, backoff={"initialSeconds": 60})
+    create(leases, "job", maxAttempts=1, backoff={"initialSeconds": 60},
+           dispatch={"enabled": True, "serviceAccountNames": ["ghost", "w1"]})
     dispatcher = dispatchers()
-    wait_for(lambda: leases.get("job").status.holder == "ghost", 20,
+    wait_for(lambda: leases.get("job").status.holder == ghost_sa, 20,
              "the job to be assigned to the only worker announced")
-    announced(pool, "w1")
-    lease = pool.claim_next("w1", timeout=RECORD_SECONDS + 10)
+    w1 = worker(leases)
+    announced(pool, w1)
+    lease = pool.claim_next(w1, timeout=RECORD_SECONDS + 10)
     assert lease is not None and lease.name == "job"
     lease.complete("ran once")
     status = leases.get("job").status

@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from joblease.domain.clock import ServerNow
-from joblease.domain.dispatch import Queued, dispatch_queue, free_slots, plan
+from joblease.domain.dispatch import Queued, dispatch_queue, free_slots, may_receive, plan
 from joblease.domain.errors import LeaseHeldError
 from joblease.domain.lease import (
     Claim,
@@ -38,8 +38,16 @@ MARGIN = timedelta(seconds=1)
 NOW = ServerNow.exact(T_NOW)
 
 
+OPT_IN = {"enabled": True, "serviceAccountNames": ["w1", "w2"]}
+
+
+def sa(name: str) -> str:
+    return f"system:serviceaccount:ns:{name}"
+
+
 def job(name: str, status: dict[str, Any] | None = None, rv: int = 1, **spec: Any
         ) -> Observed:
+    spec.setdefault("dispatch", OPT_IN)
     obj = lease_object(name, status or {"phase": "Available", "generation": 0}, **spec)
     obj["metadata"]["resourceVersion"] = str(rv)
     obj["metadata"]["creationTimestamp"] = "2026-12-03T12:00:00Z"
@@ -97,7 +105,33 @@ def test_a_plan_spreads_jobs_over_the_workers_with_most_free_slots() -> None:
     assert assigned == ["b", "a", "b"]
 
 
+@given(opted=st.lists(st.sampled_from([("w1",), ("w2",), ("w1", "w2"), ("w3",)]), max_size=20),
+       free=st.dictionaries(st.sampled_from([sa("w1"), sa("w2"), sa("w3"), "w1"]),
+                            st.integers(min_value=0, max_value=4)))
+def test_a_plan_gives_a_job_only_to_a_service_account_it_names(
+        opted: list[tuple[str, ...]], free: dict[str, int]) -> None:
+    jobs = [Queued(job(f"j{i}", dispatch={"enabled": True, "serviceAccountNames": list(names)}))
+            for i, names in enumerate(opted)]
+    decided = plan(jobs, free, may_receive)
+    for queued, who in decided:
+        assert who in [sa(name) for name in queued.job.spec.dispatch_to or ()]
+    given_to = Counter(who for _, who in decided)
+    assert all(count <= free[who] for who, count in given_to.items())
+    for queued in jobs:  # a job passed over had no allowed worker with a slot left
+        if queued not in [q for q, _ in decided]:
+            assert all(given_to[sa(name)] >= free.get(sa(name), 0)
+                       for name in queued.job.spec.dispatch_to or ())
+
+
 # --- the queue: what may be assigned ------------------------------------------------------
+
+def test_a_job_that_did_not_opt_in_is_never_queued() -> None:
+    plain = job("plain", dispatch={"enabled": False})
+    assert dispatch_queue([plain], NOW, MARGIN, live=set(), skip=(), limit=5) == []
+    assert not may_receive(job("j"), "w1")  # a holder must be a named ServiceAccount
+    assert may_receive(job("j"), sa("w1"))
+    assert not may_receive(job("j"), "system:serviceaccount:other-ns:w1")
+
 
 def held(holder: str, claim_id: str, *, renewed: bool = False, until_s: int = 20,
          attempts: int = 0) -> dict[str, Any]:

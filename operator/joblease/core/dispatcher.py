@@ -53,7 +53,14 @@ from joblease.core.presence import (
 from joblease.core.steps import Call, Steps, Stopped, SyncPort, Whoami, drive
 from joblease.core.transaction import transaction
 from joblease.domain.clock import ServerNow
-from joblease.domain.dispatch import ADOPT_WITHIN, Queued, dispatch_queue, free_slots, plan
+from joblease.domain.dispatch import (
+    ADOPT_WITHIN,
+    Queued,
+    dispatch_queue,
+    free_slots,
+    may_receive,
+    plan,
+)
 from joblease.domain.holder import ClaimDecider
 from joblease.domain.lease import Observed, dispatch_claim_id
 from joblease.domain.pool import PoolView
@@ -343,7 +350,7 @@ class Dispatcher:
             queue = dispatch_queue(self.view.in_order(), self._now(), margin, self._live,
                                    skip=self._skipped(), limit=min(room, sum(free.values())),
                                    adopt_within=self.adopt_within)
-            decided = plan(queue, free)
+            decided = plan(queue, free, may_receive)
             for queued, worker in decided:
                 self._flying[queued.job.name] = worker
             self.counts.rounds += 1

@@ -281,8 +281,8 @@ class PoolEngine:
                 self._claiming.add(assigned.name)
                 return Adopt(assigned)
             dispatched = self.dispatched(now)
-            chosen = None if dispatched else self.view.choose(
-                ask.who, now, margin, ask.spread, exclude=self._claiming)
+            chosen = self.view.choose(ask.who, now, margin, ask.spread, exclude=self._claiming,
+                                      only=_not_dispatched if dispatched else None)
             if chosen is not None:
                 self._claiming.add(chosen.name)  # siblings choose others meanwhile
                 return chosen
@@ -291,15 +291,18 @@ class PoolEngine:
             left = self._left(ask.end)
             if left is not None and left <= 0:
                 return None
-            if dispatched:  # wait to be given work, or for the dispatcher to lapse
-                return Wait(_least(self._until_wake(self.dispatcher_until), left))
-            return Wait(_least(self._until_wake(self.view.next_wake(now, margin)), left))
+            wake = self._until_wake(self.view.next_wake(now, margin))
+            if dispatched:  # or to be given work, or for the dispatcher to lapse
+                wake = _least(wake, self._until_wake(self.dispatcher_until))
+            return Wait(_least(wake, left))
 
     def dispatched(self, now: ServerNow) -> bool:
-        """Whether a live dispatcher gives this worker its work (then it chooses nothing).
+        """Whether a live dispatcher gives this worker the jobs that opted in to it.
 
-        Only a worker that announced its slots is given work; the others, and every worker
-        once the dispatcher's record lapsed (on the server's earliest time), take turns.
+        Then the worker takes by turns only the jobs that did not (``spec.dispatch``). Only a
+        worker that announced its slots is given work; the others, and every worker once
+        the dispatcher's record lapsed (on the server's earliest time), take every job by
+        turns.
         """
         until = self.dispatcher_until
         return self.slots is not None and until is not None and now.earliest < until
@@ -425,6 +428,11 @@ class EngineFront:
     def live_workers(self) -> list[str]:
         """The pool's workers alive now as it knows them (presence records, holders seen)."""
         return self.engine.live_workers()
+
+
+def _not_dispatched(obs: Observed) -> bool:
+    """A job the dispatcher does not give out (it did not opt in): workers take it by turns."""
+    return obs.spec.dispatch_to is None
 
 
 def _least(*seconds: float | None) -> float | None:

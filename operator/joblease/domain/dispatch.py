@@ -21,7 +21,7 @@ the API server (a stale decision costs a refused write, never a second holder).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -57,7 +57,8 @@ def dispatch_queue(in_order: Iterable[Observed], now: ServerNow, margin: timedel
                    adopt_within: timedelta = ADOPT_WITHIN) -> list[Queued]:
     """The first ``limit`` jobs the dispatcher may assign now, in the pool's order.
 
-    A job may be assigned when a claim may succeed by now (``claimable_at``), or when it is
+    Only jobs that opted in (``spec.dispatch``) are queued. A job may be assigned when a
+    claim may succeed by now (``claimable_at``), or when it is
     an unadopted assignment (``unadopted``) whose assignee is no longer live, or has not
     adopted it within ``adopt_within``: it never ran, and is taken back at once without
     counting an attempt (an assignee that never adopts — an impostor, a worker of another
@@ -89,8 +90,8 @@ def _queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
         return
     found = 0
     for obs in in_order:
-        if obs.name in skip:
-            continue
+        if obs.name in skip or obs.spec.dispatch_to is None:
+            continue  # in flight, refused, or not opted in (workers take it by turns)
         at = claimable_at(obs, margin)
         if at is not None and now.earliest >= at:
             yield Queued(obs)
@@ -103,12 +104,15 @@ def _queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
             return
 
 
-def plan(queue: Iterable[Queued], free: Mapping[str, int]) -> list[tuple[Queued, str]]:
+def plan(queue: Iterable[Queued], free: Mapping[str, int],
+         allowed: Callable[[Observed, str], bool] | None = None) -> list[tuple[Queued, str]]:
     """Assign the head of ``queue`` to workers with free slots: ``[(job, worker), ...]``.
 
     Each next job goes to the worker with the most free slots left (ties: the smaller
-    name), until the queue or the slots run out; the jobs assigned are a prefix of
-    ``queue``, and no worker gets more than its free slots.
+    name) among those ``allowed`` to receive it (``spec.dispatch``: default, all), until
+    the queue or the slots run out; no worker gets more than its free slots. With every
+    worker allowed, the jobs assigned are a prefix of ``queue``; a job no free worker may
+    receive is passed over (it is not this dispatcher's to give).
     """
     heap = [(-slots, who) for who, slots in free.items() if slots > 0]
     heapq.heapify(heap)
@@ -116,8 +120,19 @@ def plan(queue: Iterable[Queued], free: Mapping[str, int]) -> list[tuple[Queued,
     for queued in queue:
         if not heap:
             break
-        slots, who = heapq.heappop(heap)
-        assigned.append((queued, who))
-        if slots + 1 < 0:
-            heapq.heappush(heap, (slots + 1, who))
+        passed: list[tuple[int, str]] = []
+        while heap and allowed is not None and not allowed(queued.job, heap[0][1]):
+            passed.append(heapq.heappop(heap))
+        if heap:
+            slots, who = heapq.heappop(heap)
+            assigned.append((queued, who))
+            if slots + 1 < 0:
+                heapq.heappush(heap, (slots + 1, who))
+        for entry in passed:
+            heapq.heappush(heap, entry)
     return assigned
+
+
+def may_receive(job: Observed, worker: str) -> bool:
+    """Whether ``job`` opted in to be claimed for ``worker`` (``LeaseSpec.may_dispatch_to``)."""
+    return job.spec.may_dispatch_to(job.namespace, worker)

@@ -146,6 +146,17 @@ class LeaseSpec:
     delegation_service_account: str | None = None
     priority: int = 0
     backoff: Backoff | None = None
+    dispatch_to: tuple[str, ...] | None = None  # spec.dispatch: None unless enabled
+
+    def may_dispatch_to(self, namespace: str, holder: str) -> bool:
+        """Whether a dispatcher may claim this job for ``holder`` (``spec.dispatch``).
+
+        Only when the job opted in, and only for a ServiceAccount it names, in its own
+        namespace: the same rule the chart's dispatch admission policy enforces, so a
+        dispatcher never writes a claim the API server would refuse.
+        """
+        return self.dispatch_to is not None and any(
+            holder == f"system:serviceaccount:{namespace}:{name}" for name in self.dispatch_to)
 
     def retry_delay(self, attempts: int) -> timedelta:
         """The backoff after ``attempts`` failed attempts (zero without ``spec.backoff``)."""
@@ -161,6 +172,7 @@ class LeaseSpec:
         """Read ``spec`` as stored by the API server (defaults already applied there)."""
         spec = spec or {}
         delegation = spec.get("podDelegation") or {}
+        dispatch = spec.get("dispatch") or {}
         return cls(
             lease_duration_seconds=int(spec.get("leaseDurationSeconds", DEFAULT_DURATION_SECONDS)),
             ttl_seconds_after_finished=_opt_int(spec.get("ttlSecondsAfterFinished")),
@@ -169,6 +181,8 @@ class LeaseSpec:
             delegation_service_account=delegation.get("serviceAccountName") or None,
             priority=int(spec.get("priority") or 0),
             backoff=Backoff.from_dict(spec.get("backoff")),
+            dispatch_to=tuple(dispatch.get("serviceAccountNames") or ())
+            if dispatch.get("enabled") else None,
         )
 
 

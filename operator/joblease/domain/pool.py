@@ -77,7 +77,7 @@ import hashlib
 import sys
 from bisect import bisect_left, insort
 from collections import Counter
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -446,8 +446,8 @@ class PoolView:
     def choose(self, worker: str, now: ServerNow, margin: timedelta,
                spread: int = DEFAULT_SPREAD, exclude: Collection[str] = (),
                per_holder: int = WINDOW_PER_HOLDER, *, workers: Iterable[str] | None = None,
-               step: timedelta = TURN_STEP, guard: timedelta = TURN_GUARD
-               ) -> Observed | None:
+               step: timedelta = TURN_STEP, guard: timedelta = TURN_GUARD,
+               only: Callable[[Observed], bool] | None = None) -> Observed | None:
         """The candidate ``worker`` should try now (steps 1-4), or ``None``.
 
         Reads the candidates of the top priority from the front of the order and takes the
@@ -470,6 +470,8 @@ class PoolView:
             guard: How long a worker lets a turn begin before it acts in it: more than
                 the views' lag plus the clocks' error, so that it sees the claim the rank
                 before made at the end of its own turn.
+            only: Consider only the JobLeases it accepts (a dispatched pool's workers take
+                by turns only the jobs that did not opt in to the dispatcher).
         """
         live = frozenset(self.live_workers(now) if workers is None else workers) | {worker}
         size = self.window(spread, per_holder, workers=len(live))
@@ -481,7 +483,7 @@ class PoolView:
             if top is not None and obs.spec.priority != top:
                 break  # a lower priority is never chosen while a higher one has a candidate
             if (obs.name in self._set_aside or obs.name in exclude
-                    or not _ready(obs, now, margin)):
+                    or (only is not None and not only(obs)) or not _ready(obs, now, margin)):
                 continue
             top = obs.spec.priority
             if len(live) == 1:
