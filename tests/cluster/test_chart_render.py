@@ -30,7 +30,11 @@ def test_default_render_has_every_part() -> None:
         "ValidatingAdmissionPolicy/jl-joblease-operator-holder-only",
         "ValidatingAdmissionPolicyBinding/jl-joblease-operator-holder-only",
         "ValidatingAdmissionPolicy/jl-joblease-operator-operator-pods",
-        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-operator-pods"])
+        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-operator-pods",
+        "ValidatingAdmissionPolicy/jl-joblease-operator-dispatch",
+        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-dispatch",
+        "ValidatingAdmissionPolicy/jl-joblease-operator-presence",
+        "ValidatingAdmissionPolicyBinding/jl-joblease-operator-presence"])
 
 
 def test_unknown_values_are_refused_by_the_schema() -> None:
