@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from test_pool import create, open_pool  # noqa: F401  (fixture)
+from test_pool import create, delivering, open_pool, synced_pool  # noqa: F401  (fixture)
 
 from joblease.core.dispatcher import Dispatcher
 from joblease.core.presence import Presence
@@ -76,6 +76,7 @@ def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complet
         assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # the dispatcher's claim
         order.append(lease.name)
         lease.complete("done")
+    pool.close()
     assert order[:2] == ["job-1", "job-3"] and sorted(order[2:]) == ["job-0", "job-2"]
     for name in order:
         status = leases.get(name).status
@@ -134,3 +135,21 @@ def test_a_dead_assignees_job_goes_to_another_worker_without_an_attempt_counted(
     # failed the job, and the backoff would have made it rest for a minute)
     assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 2, 0)
     assert dispatcher.counts.reassigned == 1
+
+
+def test_the_operator_dispatches_the_pools_it_is_told_to(
+        leases: LeaseClient, make_client: Callable[..., LeaseClient],
+        start_operator: Callable[..., Any]) -> None:
+    """The operator's wiring (``--dispatch-pools``), not the pool, is under test: one pool."""
+    w1 = worker(leases)
+    pool = synced_pool(make_client(), slots=1)
+    delivering(pool, leases, "pool=p")
+    announced(pool, w1)
+    start_operator(extra_env={"JOBLEASE_DISPATCH_POOLS": f"{leases.namespace}/pool=p"},
+                   namespaces=[leases.namespace])
+    wait_for(lambda: dispatched(pool), 30, "the worker to see the operator's dispatcher")
+    create(leases, "job", dispatch=OPT_IN)
+    lease = pool.claim_next(w1, timeout=10)
+    assert lease is not None and lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+    lease.complete("done")
+    pool.close()

@@ -83,14 +83,14 @@ sys.exit(f'heartbeat {age:.1f}s old (max {sys.argv[2]}s)' if age>float(sys.argv[
 {{/* Fail when extraArgs or extraEnv set what an `operator.*` value sets: the operator would
      get both (and refuse to start on a disagreement), so say which value to use instead. */}}
 {{- define "joblease-operator.refuseOverriddenSettings" -}}
-{{- $byFlag := dict "--margin-seconds" "operator.marginSeconds" "--writers" "operator.writers" "--max-server-skew" "operator.maxServerSkewSeconds" "--clock-track-ttl" "operator.clockTrackTTLSeconds" "--namespace" "operator.watchNamespaces" "--log-level" "operator.logLevel" "--verbose" "operator.logLevel (DEBUG)" }}
+{{- $byFlag := dict "--margin-seconds" "operator.marginSeconds" "--writers" "operator.writers" "--max-server-skew" "operator.maxServerSkewSeconds" "--clock-track-ttl" "operator.clockTrackTTLSeconds" "--namespace" "operator.watchNamespaces" "--log-level" "operator.logLevel" "--verbose" "operator.logLevel (DEBUG)" "--dispatch-pools" "operator.dispatchPools" }}
 {{- range .Values.extraArgs }}
 {{- $flag := regexReplaceAll "=.*$" (toString .) "" }}
 {{- if hasKey $byFlag $flag }}
 {{- fail (printf "extraArgs has %s, which the chart sets from %s: set that value instead" $flag (get $byFlag $flag)) }}
 {{- end }}
 {{- end }}
-{{- $byEnv := dict "JOBLEASE_MARGIN_SECONDS" "operator.marginSeconds" "JOBLEASE_OPERATOR_WRITERS" "operator.writers" "JOBLEASE_MAX_SERVER_SKEW" "operator.maxServerSkewSeconds" "JOBLEASE_CLOCK_TRACK_TTL" "operator.clockTrackTTLSeconds" }}
+{{- $byEnv := dict "JOBLEASE_MARGIN_SECONDS" "operator.marginSeconds" "JOBLEASE_OPERATOR_WRITERS" "operator.writers" "JOBLEASE_MAX_SERVER_SKEW" "operator.maxServerSkewSeconds" "JOBLEASE_CLOCK_TRACK_TTL" "operator.clockTrackTTLSeconds" "JOBLEASE_DISPATCH_POOLS" "operator.dispatchPools" }}
 {{- range .Values.extraEnv }}
 {{- $name := toString (.name | default "") }}
 {{- if hasKey $byEnv $name }}

@@ -38,7 +38,8 @@ from joblease.controller.events import EventPoster
 from joblease.controller.heartbeat import Heartbeat
 from joblease.controller.pods import Delegator, PodView
 from joblease.controller.reconciler import LeaseView, Reconciler, observed_transition
-from joblease.controller.settings import OperatorSettings
+from joblease.controller.settings import OperatorSettings, dispatch_pools
+from joblease.core.dispatcher import Dispatcher, whoami
 from joblease.core.feed import LeaseFeed, compact_lease
 from joblease.domain.lease import Observed
 from joblease.kube.api import ApiError, KubeApi
@@ -76,6 +77,7 @@ class Operator:
         self._feeds_stopped = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._due_sooner: asyncio.Event | None = None
+        self.dispatchers: list[Dispatcher] = []
 
     async def start(self) -> None:
         """Connect, calibrate the server clock, start the reconcile and delegation loops."""
@@ -99,9 +101,29 @@ class Operator:
             asyncio.create_task(_loop(self.delegator.pass_once), name="joblease-delegate"),
         ]
         self._start_feeds(api)
+        await asyncio.to_thread(self._start_dispatchers, api, margin)
+
+    def _start_dispatchers(self, api: KubeApi, margin: timedelta) -> None:
+        """One dispatcher per configured pool (``--dispatch-pools``; issue 30).
+
+        Each acts only while it holds its pool's dispatcher record, so replicas of the
+        operator elect one per pool; the others stand by and take over once it lapses.
+        """
+        pools = dispatch_pools(self.settings.dispatch_pools)
+        if not pools:
+            return
+        store = LeaseStore(api)
+        identity = whoami(store)
+        for namespace, selector in pools:
+            self.dispatchers.append(Dispatcher(store, api, lambda: margin, namespace,
+                                               selector, identity).start())
+            log.info("dispatching pool %r in %s as %s", selector, namespace, identity)
 
     async def stop(self) -> None:
         """Stop the feeds and the loops, then the writer threads and the Event queue."""
+        for dispatcher in self.dispatchers:  # hand over: the record is deleted
+            await asyncio.to_thread(dispatcher.close)
+        self.dispatchers = []
         await asyncio.to_thread(self._stop_feeds)
         for task in self._tasks:
             task.cancel()

@@ -37,6 +37,7 @@ from joblease.kube.api import CLOCK_TRACK_TTL_ENV, DEFAULT_TRACK_TTL, MAX_SERVER
 
 MARGIN_ENV = "JOBLEASE_MARGIN_SECONDS"
 WRITERS_ENV = "JOBLEASE_OPERATOR_WRITERS"
+DISPATCH_POOLS_ENV = "JOBLEASE_DISPATCH_POOLS"
 KUBECONFIG_ENV = "KUBECONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 MAX_WRITERS = 64
@@ -125,6 +126,25 @@ def _namespace(raw: str) -> str:
     return raw
 
 
+def _dispatch_pools(raw: str) -> str:
+    """``NAMESPACE/SELECTOR;…``: the pools this operator dispatches (issue 30); kept as text."""
+    for entry in filter(None, (part.strip() for part in raw.split(";"))):
+        namespace, slash, selector = entry.partition("/")
+        if not slash or not selector.strip():
+            raise ValueError(f"{entry!r} is not NAMESPACE/SELECTOR (entries separated by ';')")
+        _namespace(namespace)
+    return raw
+
+
+def dispatch_pools(raw: str) -> tuple[tuple[str, str], ...]:
+    """The ``(namespace, selector)`` pairs of a valid ``--dispatch-pools`` value."""
+    pairs = []
+    for entry in filter(None, (part.strip() for part in _dispatch_pools(raw).split(";"))):
+        namespace, _, selector = entry.partition("/")
+        pairs.append((namespace, selector.strip()))
+    return tuple(pairs)
+
+
 def _log_level(raw: str) -> str:
     level = raw.strip().upper()
     if level not in LOG_LEVELS:
@@ -171,6 +191,10 @@ SETTINGS: tuple[_Setting, ...] = (
              help="seconds a disagreeing server clock keeps widening the estimate, "
                   f"docs/ha.md (default {DEFAULT_TRACK_TTL:g}; also ${CLOCK_TRACK_TTL_ENV})",
              metavar="SECONDS"),
+    _Setting("dispatch_pools", "--dispatch-pools", _dispatch_pools, DISPATCH_POOLS_ENV,
+             help="dispatch these work pools, NAMESPACE/SELECTOR separated by ';' (one "
+                  "replica at a time per pool, by a coordination Lease; docs/pools.md; also "
+                  f"${DISPATCH_POOLS_ENV})", metavar="POOLS"),
     _Setting("log_level", "--log-level", _log_level, metavar="LEVEL",
              help=f"{', '.join(LOG_LEVELS)} (default INFO; --verbose means DEBUG)"),
 )
@@ -194,6 +218,8 @@ class OperatorSettings:
         max_server_skew: Assumed maximum difference between API servers' clocks, seconds.
         clock_track_ttl: How long a disagreeing server clock widens the estimate, seconds.
         log_level: One of ``LOG_LEVELS``.
+        dispatch_pools: The work pools this operator dispatches (``NAMESPACE/SELECTOR;…``,
+            :func:`dispatch_pools`); empty: none, their workers take turns.
         kubeconfig: Kubeconfig file (``$KUBECONFIG``); None: the default, or in-cluster.
     """
 
@@ -207,6 +233,7 @@ class OperatorSettings:
     max_server_skew: float = 0.0
     clock_track_ttl: float = DEFAULT_TRACK_TTL
     log_level: str = "INFO"
+    dispatch_pools: str = ""
     kubeconfig: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:

@@ -233,7 +233,7 @@ class Dispatcher:
         presence policy a record may name only its writer.
         """
         client.calibrate_if_due()
-        who = identity or str(drive(_whoami(), SyncPort(client.store)))
+        who = identity or whoami(client.store)
         return cls(client.store, client.api, client.margin, client.namespace, selector,
                    who, **options)
 
@@ -385,6 +385,11 @@ class Dispatcher:
             self.counts.assigned += 1
             self.counts.reassigned += 1 if queued.reassign else 0
             self._lock.notify_all()
+
+
+def whoami(store: LeaseStore) -> str:
+    """The username the API server knows ``store``'s identity by (a dispatcher's identity)."""
+    return drive(_whoami(), SyncPort(store))
 
 
 def _whoami() -> Steps[str]:

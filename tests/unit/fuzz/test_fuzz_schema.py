@@ -100,7 +100,7 @@ def test_generation_schema_keeps_every_field_of_the_crd() -> None:
     props = generation_schema()["properties"]
     assert set(props["spec"]["properties"]) == {
         "leaseDurationSeconds", "ttlSecondsAfterFinished", "maxAttempts", "description",
-        "podDelegation", "priority", "backoff"}
+        "podDelegation", "priority", "backoff", "dispatch"}
     status = props["status"]["properties"]
     assert {k for k, v in status.items() if v.get("format") == K8S_DATE_TIME} == {
         "acquireTime", "renewTime", "leaseUntil", "finishTime", "notBefore"}
