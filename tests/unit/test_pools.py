@@ -613,3 +613,56 @@ def test_the_clients_claim_next_shares_one_pool_per_selector_until_closed(
     client.close()  # idempotent
     with pytest.raises(RuntimeError, match=r"the (Async)?LeaseClient is closed"):
         client.claim_next("team=batch", "w", timeout=0)
+
+
+# -- a dispatched pool (issue 30) ----------------------------------------------------------------
+
+def test_a_dispatched_worker_adopts_its_assignment_and_takes_only_jobs_not_opted_in(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from joblease.domain.errors import format_time
+    from joblease.domain.lease import dispatch_claim_id, unadopted
+    from support.fakekube import T_NOW
+
+    opt_in = {"enabled": True, "serviceAccountNames": ["w"]}
+    at = format_time(T_NOW - timedelta(seconds=1))
+    assigned = held_by_other("mine", 30, dispatch=opt_in, status={
+        "holder": "w", "claimId": dispatch_claim_id("x"), "acquireTime": at, "renewTime": at})
+    api = server(available("open", dispatch=opt_in), assigned, available("plain"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, slots=1)
+    pool.engine.dispatcher_until = T_NOW + timedelta(seconds=60)  # a live dispatcher record
+    mine = pool.claim_next("w", timeout=0)
+    assert mine is not None and mine.name == "mine"
+    assert writes(api) == [("GET", "mine"), ("PATCH", "mine")]  # resume, then the adoption
+    stored = api.stored("ns", "mine")["status"]  # type: ignore[index]
+    assert stored["renewTime"] != stored["acquireTime"] and stored["generation"] == 1
+    assert not unadopted(mine.observed.status)
+    plain = pool.claim_next("w", timeout=0)  # by turns: the dispatcher never gives it out
+    assert plain is not None and plain.name == "plain"
+    assert pool.claim_next("w", timeout=0) is None  # "open" is the dispatcher's to give
+    pool.engine.dispatcher_until = None  # the record lapsed: every job by turns again
+    again = pool.claim_next("w", timeout=0)
+    assert again is not None and again.name == "open"
+    assert (pool.claims, pool.conflicts) == (3, 0)
+
+
+def test_an_assignment_taken_back_before_its_adoption_is_never_handed_out(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from joblease.domain.errors import format_time
+    from joblease.domain.lease import dispatch_claim_id
+    from support.fakekube import T_NOW
+
+    at = format_time(T_NOW - timedelta(seconds=1))
+    status = {"holder": "w", "claimId": dispatch_claim_id("x"), "acquireTime": at,
+              "renewTime": at}
+    api = server(held_by_other("mine", 30, status=status))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, slots=1)
+    pool.engine.dispatcher_until = T_NOW + timedelta(seconds=60)
+    server(held_by_other("mine", 30, status={**status, "holder": "w2", "generation": 2,
+                                              "claimId": dispatch_claim_id("y")}), api=api)
+    assert pool.claim_next("w", timeout=0) is None  # its adoption is refused: nothing runs
+    assert ("PATCH", "mine") not in writes(api)  # the reads show it is no longer w's claim
+    assert pool.conflicts == 1 and pool.view.is_set_aside("mine")
