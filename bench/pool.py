@@ -62,12 +62,14 @@ from bench.common import (
     progress,
     summary,
 )
-from joblease.domain.lease import Observed, Phase
+from joblease.core.dispatcher import Dispatcher
+from joblease.domain.lease import DISPATCH_CLAIM_PREFIX, Observed, Phase
 from joblease.kube.api import MERGE_PATCH, KubeApi
 from joblease.kube.leases import LeaseStore, lease_path
 from joblease.sdk.client import LeaseClient
 
 DRAIN_LABEL = {"batch": "drain"}
+DISPATCH_LABEL = {"batch": "dispatched"}  # the dispatched drains (issue 30)
 LATENCY_LABEL = {"batch": "latency"}
 JOB_SPEC = {"leaseDurationSeconds": 30}
 EXPIRING_DURATION = 2  # seconds: the abandoned leases of the latency phase
@@ -105,6 +107,12 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
                                  latency_rate, logs)
         order = {"one": _order(api, kubeconfig, namespace, order_jobs, 1, logs),
                  "many": _order(api, kubeconfig, namespace, order_jobs, workers, logs)}
+        dispatched = {  # issue 30: the same drain, dispatched; then killed halfway
+            "drain": _drain(cluster, api, kubeconfig, namespace, jobs, workers, logs,
+                            dispatch=DispatchRun(kubeconfig, namespace, kill_halfway=False)),
+            "killed_halfway": _drain(cluster, api, kubeconfig, namespace, jobs, workers, logs,
+                                     dispatch=DispatchRun(kubeconfig, namespace,
+                                                          kill_halfway=True))}
         series = [labels for labels, _ in apiserver_metric(cluster, "apiserver_watch_events_total")
                   if {"jobleases", "JobLease", "jobleases.joblease.dev"} & set(labels.values())]
     finally:
@@ -130,7 +138,8 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
         "floor_after": after, "floor_writes_per_s": floor_rate,
         "floor_real_before": real_before, "floor_real_after": real_after,
         "floor_real_jobs_per_s": real_rate, "drain": drain, "latency": latency,
-        "order": order, "watch_events_series": series, "postgres": postgres,
+        "order": order, "dispatched": dispatched, "watch_events_series": series,
+        "postgres": postgres,
         "spawn_cost": spawns, "targets": TARGETS,
         "ratio": drain["jobs_per_s"] / (floor_rate / 2),
         "ratio_real": drain["jobs_per_s"] / real_rate}
@@ -421,13 +430,73 @@ def _watch_events(cluster: Any) -> float:
 # -- drain -------------------------------------------------------------------------------
 
 
+class DispatchRun:
+    """A dispatched drain's dispatcher, in this process (issue 30, item 5).
+
+    Its jobs opt in (``spec.dispatch``) for the workers' holders, which take the form of
+    ServiceAccounts (no admission here: the holders are only names). Its CPU is this
+    process's during the drain (the dispatcher's threads, plus the drain's progress ticks,
+    which are a few requests per second). ``kill_halfway``: killed (its record left to
+    lapse) once half the jobs are done; the figures then say when the workers fell back.
+    """
+
+    def __init__(self, kubeconfig: str, namespace: str, *, kill_halfway: bool) -> None:
+        self.kubeconfig, self.namespace, self.kill_halfway = kubeconfig, namespace, kill_halfway
+        self.dispatcher: Dispatcher | None = None
+        self.client: LeaseClient | None = None
+        self.killed_at: float | None = None  # wall time
+        self._cpu = 0.0
+
+    def holder(self, worker: int) -> str:
+        return f"system:serviceaccount:{self.namespace}:pool-w{worker:02d}"
+
+    def spec(self, workers: int) -> dict[str, Any]:
+        names = [f"pool-w{i:02d}" for i in range(workers)]
+        return {**JOB_SPEC, "dispatch": {"enabled": True, "serviceAccountNames": names}}
+
+    def start(self, selector: str) -> None:
+        self.client = LeaseClient(self.namespace, kubeconfig=self.kubeconfig)
+        self.dispatcher = Dispatcher.for_client(self.client, selector).start()
+        self._cpu = time.process_time()
+
+    def tick(self, done: float, jobs: int) -> None:
+        if self.kill_halfway and self.killed_at is None and done >= jobs / 2:
+            assert self.dispatcher is not None
+            self.dispatcher.kill()
+            self.killed_at = time.time()
+            progress(f"pool: dispatcher killed at ~{done:.0f} of {jobs} jobs")
+
+    def stop(self, items: list[Observed]) -> dict[str, Any]:
+        cpu = time.process_time() - self._cpu
+        assert self.dispatcher is not None and self.client is not None
+        if self.killed_at is None:
+            self.dispatcher.kill()
+        counts = self.dispatcher.counts
+        self.client.api.close()
+        own = [obs.status.acquire_time.timestamp() for obs in items
+               if obs.status.acquire_time is not None
+               and not (obs.status.claim_id or "").startswith(DISPATCH_CLAIM_PREFIX)]
+        dispatched = len(items) - len(own)
+        out: dict[str, Any] = {
+            "dispatcher_cpu_s_per_job": cpu / max(1, len(items)),
+            "assigned": counts.assigned, "refused": counts.refused,
+            "reassigned": counts.reassigned, "claimed_by_dispatcher": dispatched,
+            "claimed_by_workers": len(own)}
+        if self.killed_at is not None:
+            after = [t for t in own if t >= self.killed_at]
+            out["fallback_s"] = (min(after) - self.killed_at) if after else math.nan
+        return out
+
+
 def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: int,
-           workers: int, logs: Path) -> dict[str, Any]:
-    names = [f"drain-{i:05d}" for i in range(jobs)]
+           workers: int, logs: Path, dispatch: DispatchRun | None = None) -> dict[str, Any]:
+    label = DRAIN_LABEL if dispatch is None else {
+        "batch": f"{DISPATCH_LABEL['batch']}-{'killed' if dispatch.kill_halfway else 'live'}"}
+    names = [f"{label['batch']}-{i:05d}" for i in range(jobs)]
     t0 = time.monotonic()
-    _create(api, namespace, names, DRAIN_LABEL)
+    _create(api, namespace, names, label, None if dispatch is None else dispatch.spec(workers))
     progress(f"pool: created {jobs} jobs in {time.monotonic() - t0:.1f} s (untimed)")
-    selector = _selector(DRAIN_LABEL)
+    selector = _selector(label)
     before = apiserver_requests(cluster)
     events = _watch_events(cluster)
     started = time.monotonic()
@@ -436,9 +505,15 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
         done = _status_writes(apiserver_requests(cluster), before, "200") / 2
         progress(f"pool: drain, {time.monotonic() - started:.0f} s: ~{done:.0f} of {jobs} "
                  "jobs done (status writes ÷ 2)")
+        if dispatch is not None:
+            dispatch.tick(done / 1.5, jobs)  # 3 writes per dispatched job: claim, adopt, done
 
-    argvs = [work_argv(kubeconfig, namespace, selector, f"pool-w{i:02d}", NOOP,
-                       until_empty=True) for i in range(workers)]
+    holders = [f"pool-w{i:02d}" if dispatch is None else dispatch.holder(i)
+               for i in range(workers)]
+    if dispatch is not None:
+        dispatch.start(selector)
+    argvs = [work_argv(kubeconfig, namespace, selector, holder, NOOP, until_empty=True)
+             for holder in holders]
     cpu, began = _children_cpu(), time.time()
     with Processes(argvs, logs, "drain") as pool:
         codes = pool.wait(120 + jobs * 0.2, tick)
@@ -448,8 +523,10 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     after = apiserver_requests(cluster)
     events = _watch_events(cluster) - events
     items = [Observed.from_object(o) for o in list_leases(api, namespace)
-             if (o["metadata"].get("labels") or {}) == DRAIN_LABEL]
+             if (o["metadata"].get("labels") or {}) == label]
     figures = drain_figures(items, workers)
+    if dispatch is not None:
+        figures["dispatch"] = dispatch.stop(items)
     wasted = _status_writes(after, before, "409")
     figures.update({
         # the wall time outside the server-clock window (one clock: one machine): the
