@@ -197,17 +197,21 @@ class AsyncLeaseClient(ClientCore["AsyncLease"]):
             self._port)
 
     async def resume(self, name: str, holder: str | None, token: FencingToken,
-                     claim_id: str | None = None) -> AsyncLease:
+                     claim_id: str | None = None, *, observed: Observed | None = None
+                     ) -> AsyncLease:
         """An :class:`AsyncLease` for a claim made elsewhere (as ``LeaseClient.resume``).
 
         Nothing is written; the lease's operations succeed only while that very claim is
-        current, and a claim that is not current gets a deadline of now.
+        current, and a claim that is not current gets a deadline of now. ``observed``: a
+        recent version, which saves the read (safe when stale: the first operation is
+        conditional on it).
 
         Raises:
             LeaseNotFoundError: no such JobLease.
             UnavailableError: the API server did not answer.
         """
-        return await adrive(self._resumed_steps(name, holder, token, claim_id), self._port)
+        return await adrive(self._resumed_steps(name, holder, token, claim_id, observed),
+                            self._port)
 
     async def wait_claim(self, name: str, holder: str | None = None, timeout: float = 60.0,
                          poll: float = 0.5, *, retry_unavailable: float | None = None

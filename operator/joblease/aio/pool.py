@@ -65,7 +65,7 @@ class AsyncPoolClient(Protocol[L_co]):
         """Claim once (the pool's one conditional write)."""
 
     async def resume(self, name: str, holder: str | None, token: FencingToken,
-                     claim_id: str | None = None) -> L_co:
+                     claim_id: str | None = None, *, observed: Observed | None = None) -> L_co:
         """A lease for a claim made elsewhere (a dispatcher's, adopted)."""
 
 
@@ -213,7 +213,7 @@ class AsyncPool(EngineFront, Generic[L]):
         outcome: L | Exception
         try:
             lease = await self.client.resume(job.name, ask.who, job.status.token(),
-                                             claim_id=job.status.claim_id)
+                                             claim_id=job.status.claim_id, observed=job)
             await cast(AsyncRenewable, lease).renew()
             outcome = lease
         except ADOPTION_REFUSED as refusal:

@@ -102,9 +102,9 @@ class ClientCore(Generic[L]):
         return self._new_lease(who, cid, outcome, (yield ServerTime()))
 
     def _resumed_steps(self, name: str, holder: str | None, token: FencingToken,
-                       claim_id: str | None) -> Steps[L]:
+                       claim_id: str | None, observed: Observed | None = None) -> Steps[L]:
         """A lease for a claim made elsewhere; its operations succeed only while it is current."""
-        who, outcome = yield from self._resume_steps(name, holder)
+        who, outcome = yield from self._resume_steps(name, holder, observed)
         return self._new_lease(who, claim_id, outcome, (yield ServerTime()), token=token)
 
     def _prepare_steps(self) -> Steps[None]:
@@ -163,7 +163,8 @@ class ClientCore(Generic[L]):
             raise finished_error(outcome.observed, outcome.transition)
         return who, cid, outcome
 
-    def _resume_steps(self, name: str, holder: str | None) -> Steps[tuple[str, Outcome]]:
+    def _resume_steps(self, name: str, holder: str | None, observed: Observed | None = None
+                      ) -> Steps[tuple[str, Outcome]]:
         """Read ``name`` for a claim made elsewhere: ``(holder, outcome)``; nothing is written.
 
         Raises:
@@ -172,7 +173,8 @@ class ClientCore(Generic[L]):
         """
         yield from self._prepare_steps()
         who = yield from self._holder_steps(holder)
-        observed: Observed = yield Read(self.namespace, name, DEFAULT_TIMEOUT)
+        if observed is None:
+            observed = yield Read(self.namespace, name, DEFAULT_TIMEOUT)
         return who, Outcome(observed, None, self._clocks.monotonic())
 
     def _wait_claim_steps(self, name: str, holder: str | None, timeout: float, poll: float,

@@ -266,7 +266,7 @@ class LeaseClient(ClientCore["Lease"]):
                                until_empty=until_empty)
 
     def resume(self, name: str, holder: str | None, token: FencingToken,
-               claim_id: str | None = None) -> Lease:
+               claim_id: str | None = None, *, observed: Observed | None = None) -> Lease:
         """A :class:`Lease` for a claim made elsewhere (another process, ``joblease claim``).
 
         What ``joblease renew/complete/release`` use, and what a worker that persisted its
@@ -286,12 +286,15 @@ class LeaseClient(ClientCore["Lease"]):
                 ``"@identity"``: this client's username).
             token: The claim's fencing token.
             claim_id: The claim's id, as ``joblease claim`` prints it.
+            observed: A recent version of the JobLease (a work pool's watch): saves the
+                read. Safe when stale: the lease's first operation is conditional on that
+                version, and a 409 sends it to a fresh read and decision.
 
         Raises:
             LeaseNotFoundError: no such JobLease.
             UnavailableError: the API server did not answer.
         """
-        return drive(self._resumed_steps(name, holder, token, claim_id), self._port)
+        return drive(self._resumed_steps(name, holder, token, claim_id, observed), self._port)
 
     def wait_claim(self, name: str, holder: str | None = None, timeout: float = 60.0,
                    poll: float = 0.5, *, retry_unavailable: float | None = None) -> Lease:

@@ -71,7 +71,7 @@ class PoolClient(Protocol[L_co]):
         """Claim once (the pool's one conditional write)."""
 
     def resume(self, name: str, holder: str | None, token: FencingToken,
-               claim_id: str | None = None) -> L_co:
+               claim_id: str | None = None, *, observed: Observed | None = None) -> L_co:
         """A lease for a claim made elsewhere (a dispatcher's, adopted)."""
 
 
@@ -258,7 +258,7 @@ class Pool(EngineFront, Generic[L]):
         outcome: L | Exception
         try:
             lease = self._client.resume(job.name, ask.who, job.status.token(),
-                                        claim_id=job.status.claim_id)
+                                        claim_id=job.status.claim_id, observed=job)
             cast(Renewable, lease).renew()
             outcome = lease
         except ADOPTION_REFUSED as refusal:
