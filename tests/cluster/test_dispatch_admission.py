@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -30,8 +31,17 @@ from kwok_support import (
 from joblease.core.dispatcher import Dispatcher
 from joblease.core.presence import PATH, Presence, micro_time, record_name
 from joblease.core.steps import Call, Steps, SyncPort, drive
+from joblease.domain.clock import ServerNow
 from joblease.domain.holder import ClaimDecider
-from joblease.domain.lease import DISPATCH_CLAIM_PREFIX, Phase, dispatch_claim_id
+from joblease.domain.lease import (
+    DISPATCH_CLAIM_PREFIX,
+    Claim,
+    Observed,
+    Phase,
+    Transition,
+    decide_renew,
+    dispatch_claim_id,
+)
 from joblease.kube.api import MERGE_PATCH, ForbiddenError
 from joblease.kube.identity import new_claim_id
 from joblease.kube.leases import LeaseCall
@@ -165,6 +175,15 @@ def test_the_dispatcher_claims_only_opted_in_jobs_for_the_service_accounts_they_
             assert lease is not None and lease.name == "assigned"
             assert lease.claim_id is not None
             assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+            claim = Claim(w1, lease.token, lease.claim_id)
+
+            def unadopt(obs: Observed, now: ServerNow) -> Transition:
+                renewed = decide_renew(obs, claim, now, margin)
+                return replace(renewed, status=replace(
+                    renewed.status, renew_time=obs.status.acquire_time))
+
+            with pytest.raises(ForbiddenError, match="may not be made equal again"):
+                transact(who["w1"].store, kns, "assigned", unadopt)  # hiding its attempt
             lease.complete("done")
     finally:
         running.kill()
