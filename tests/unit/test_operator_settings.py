@@ -21,7 +21,12 @@ import pytest
 from joblease.controller import handlers, main, metrics
 from joblease.controller.handlers import MEMO_KEY
 from joblease.controller.runtime import Operator
-from joblease.controller.settings import OperatorSettings, SettingsError, add_arguments
+from joblease.controller.settings import (
+    OperatorSettings,
+    SettingsError,
+    add_arguments,
+    dispatch_pools,
+)
 from support.fakekube import FakeKubeApi, lease_object
 
 pytestmark = pytest.mark.unit
@@ -305,7 +310,17 @@ def test_the_charts_defaults_are_the_operators_defaults() -> None:
         "marginSeconds": defaults.margin_seconds, "writers": defaults.writers,
         "maxServerSkewSeconds": defaults.max_server_skew,
         "clockTrackTTLSeconds": defaults.clock_track_ttl,
-        "watchNamespaces": list(defaults.namespaces), "logLevel": defaults.log_level}
+        "watchNamespaces": list(defaults.namespaces), "logLevel": defaults.log_level,
+        "dispatchPools": list(dispatch_pools(defaults.dispatch_pools))}
+
+
+def test_dispatch_pools_are_namespace_slash_selector_separated_by_semicolons() -> None:
+    assert dispatch_pools("batch/team=a,q=1; other/x in (1,2)") == (
+        ("batch", "team=a,q=1"), ("other", "x in (1,2)"))
+    assert dispatch_pools("") == ()
+    for bad in ("no-slash", "Bad_NS/x=1", "batch/"):
+        with pytest.raises(SettingsError, match="--dispatch-pools"):
+            OperatorSettings(dispatch_pools=bad)
 
 
 def test_the_api_clock_comes_from_the_settings_not_the_environment(
