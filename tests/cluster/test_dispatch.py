@@ -75,7 +75,6 @@ def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complet
         assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # the dispatcher's claim
         order.append(lease.name)
         lease.complete("done")
-    pool.close()
     assert order[:2] == ["job-1", "job-3"] and sorted(order[2:]) == ["job-0", "job-2"]
     for name in order:
         status = leases.get(name).status
