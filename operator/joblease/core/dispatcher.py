@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from joblease.core.claiming import REFUSED
 from joblease.core.feed import LeaseFeed
 from joblease.core.presence import (
     DISPATCHER_ROLE,
@@ -75,6 +76,8 @@ RENEW_SECONDS = 2.0  # how often the dispatcher renews its record
 LIST_SECONDS = 1.0  # how often it lists the workers' records
 MAX_SLOTS = 64  # the most slots believed of one worker, whatever it announces
 IN_FLIGHT = 8  # claims written at once: write latency must not bound the rate
+PASS_OVER_SECONDS = 60.0  # a live worker that left an assignment unadopted gets none meanwhile
+RETRY_SECONDS = 1.0  # a claim that failed without an answer (or was forbidden) waits this long
 REPLICA_ANNOTATION = "joblease.dev/replica"
 
 log = logging.getLogger(__name__)
@@ -174,6 +177,7 @@ class DispatchCounts:
     assigned: int = 0
     reassigned: int = 0
     refused: int = 0
+    failed: int = 0
     rounds: int = 0
 
 
@@ -213,6 +217,8 @@ class Dispatcher:
         self._lock = threading.Condition()
         self._synced = False
         self._flying: dict[str, str] = {}  # job → worker, claims being written
+        self._retry_at: dict[str, float] = {}  # job → when to try again (no answer, 403)
+        self.passed_over: dict[str, float] = {}  # worker → until when it gets no work
         self._slots: dict[str, int] = {}
         self._live: set[str] = set()
         self._stop = threading.Event()
@@ -345,7 +351,11 @@ class Dispatcher:
                 return
             busy = Counter(self.view.held_by())
             busy.update(self._flying.values())
-            free = free_slots(self._slots, busy, self.max_slots)
+            now = self.api.monotonic()
+            self.passed_over = {w: t for w, t in self.passed_over.items() if t > now}
+            self._retry_at = {n: t for n, t in self._retry_at.items() if t > now}
+            free = free_slots({w: n for w, n in self._slots.items()
+                               if w not in self.passed_over}, busy, self.max_slots)
             margin = self.margin()
             queue = dispatch_queue(self.view.in_order(), self._now(), margin, self._live,
                                    skip=self._skipped(), limit=min(room, sum(free.values())),
@@ -359,7 +369,7 @@ class Dispatcher:
                 _log_failure)
 
     def _skipped(self) -> set[str]:
-        return set(self._flying) | self.view.set_aside_names()
+        return set(self._flying) | set(self._retry_at) | self.view.set_aside_names()
 
     def _claim(self, queued: Queued, worker: str, margin: timedelta) -> None:
         """Write one assignment (a conditional write); fold its answer into the queue."""
@@ -370,21 +380,43 @@ class Dispatcher:
             outcome = drive(transaction(self.namespace, job.name, decide, self.api.monotonic,
                                         observed=job, max_conflicts=1),
                             SyncPort(self.store))
-        except Exception as err:  # refused, lost, unreachable: the watch brings the news
-            with self._lock:
-                self._flying.pop(job.name, None)
-                self.view.set_aside(job.name, job.resource_version)
-                self.counts.refused += 1
-                self._lock.notify_all()
-            log.debug("dispatcher of %r: %s for %s refused: %s", self.selector, job.name,
-                      worker, err)
+        except REFUSED as refusal:  # someone else wrote it: wait for the watch's newer version
+            self._failed(job, worker, refusal, set_aside=True)
+            return
+        except Exception as err:  # no answer (it may have landed), 403, a bug: retry later
+            self._failed(job, worker, err, set_aside=False)
             return
         with self._lock:
             self._flying.pop(job.name, None)
             self.view.learn(outcome.observed)
             self.counts.assigned += 1
-            self.counts.reassigned += 1 if queued.reassign else 0
+            if queued.reassign:
+                self.counts.reassigned += 1
+                previous = job.status.holder
+                if previous is not None and previous in self._live:  # live, yet never adopted
+                    self.passed_over[previous] = self.api.monotonic() + PASS_OVER_SECONDS
             self._lock.notify_all()
+
+    def _failed(self, job: Observed, worker: str, err: Exception, *, set_aside: bool) -> None:
+        """A claim that did not land: set the job aside until a newer version, or rest it.
+
+        Only a refusal means a newer version exists (or will: the watch brings it). A lost
+        answer may have landed, or not: setting the job aside would then wait for a version
+        that never comes, so it rests :data:`RETRY_SECONDS` instead (a retry from the cached
+        version is refused if it did land, and the watch brings that version).
+        """
+        with self._lock:
+            self._flying.pop(job.name, None)
+            if set_aside:
+                self.view.set_aside(job.name, job.resource_version)
+                self.counts.refused += 1
+            else:
+                self._retry_at[job.name] = self.api.monotonic() + RETRY_SECONDS
+                self.counts.failed += 1
+            self._lock.notify_all()
+        log.log(logging.DEBUG if set_aside else logging.WARNING,
+                "dispatcher of %r: %s for %s not claimed: %s", self.selector, job.name, worker,
+                err)
 
 
 def whoami(store: LeaseStore) -> str:
