@@ -194,8 +194,9 @@ def test_rediscovers_a_deadline_without_drift(monkeypatch: pytest.MonkeyPatch) -
 def test_rediscovers_a_lost_claim_answer_left_orphaned(monkeypatch: pytest.MonkeyPatch) -> None:
     original = holder_module.decide_claim
 
-    def no_adoption(obs: Any, who: str, now: Any, margin: Any, claim_id: Any = None) -> Any:
-        return original(obs, who, now, margin, None)
+    def no_adoption(obs: Any, who: str, now: Any, margin: Any, claim_id: Any = None,
+                    **rest: Any) -> Any:
+        return original(obs, who, now, margin, None, **rest)
 
     monkeypatch.setattr(holder_module, "decide_claim", no_adoption)
     config = Config(workers=3, leases=1, duration=20, seconds=30,
@@ -243,8 +244,8 @@ def test_rediscovers_claims_that_skip_the_backoff(monkeypatch: pytest.MonkeyPatc
     original_decide, original_claimable = holder_module.decide_claim, pool_module.claimable_at
 
     def decide_without_rest(obs: Observed, who: str, now: Any, margin: Any,
-                            claim_id: Any = None) -> Any:
-        return original_decide(_without_rest(obs), who, now, margin, claim_id)
+                            claim_id: Any = None, **rest: Any) -> Any:
+        return original_decide(_without_rest(obs), who, now, margin, claim_id, **rest)
 
     monkeypatch.setattr(holder_module, "decide_claim", decide_without_rest)
     monkeypatch.setattr(pool_module, "claimable_at",

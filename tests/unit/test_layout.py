@@ -23,3 +23,18 @@ def test_source_root_is_not_a_package() -> None:
         "operator/__init__.py would shadow the stdlib `operator` module for everything "
         "that runs with the repository root on sys.path"
     )
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """pytest imports test modules by basename (no ``__init__.py`` in the test folders).
+
+    Two files named alike (``tests/unit/test_dispatch.py`` beside
+    ``tests/cluster/test_dispatch.py`` did, at a merge) make the whole run stop at
+    collection with "import file mismatch", before any test runs.
+    """
+    seen: dict[str, list[str]] = {}
+    for folder in ("tests", "localcluster/tests", "e2e"):
+        for path in (REPO / folder).rglob("test_*.py"):
+            if "__pycache__" not in path.parts:
+                seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
