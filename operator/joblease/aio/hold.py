@@ -141,8 +141,11 @@ class AsyncLeaseHolding(HoldingFront[AsyncHeldLease]):
             self._watchdog = self._loop.call_later(left, self._on_deadline)
 
     def _on_deadline(self) -> None:
-        """The timer: a loop callback that raised would only be logged by asyncio, and the
-        body would run on past its deadline, so its error is the engine's to judge (#27)."""
+        """The timer's callback: an error in it is the engine's to judge (#27).
+
+        A loop callback that raised would only be logged by asyncio, and the body would run
+        on past its deadline.
+        """
         self._watchdog = None
         try:
             self._arm_watchdog()
@@ -158,13 +161,20 @@ class AsyncLeaseHolding(HoldingFront[AsyncHeldLease]):
             self._renewer.cancel()
 
     def _lost(self, by_check: bool) -> None:
-        """Set the event, stop both guards, and cancel the body unless it raises the loss.
-
-        Cancelled even when the body's own task declared it (a lease already expired as
-        the block is entered): its next ``await`` is then the stop.
-        """
+        """Set the event, stop both guards, and cancel the body unless it raises the loss."""
         self.lost.set()
         self._stand_down()
-        if not by_check and not self._engine.stopping and self._body is not None:
+        if by_check or self._body is None:
+            return
+        if asyncio.current_task() is self._body and self._loop is not None:
+            # declared on the body's own task (entering with a lease already expired): a
+            # cancel now would hit whatever it awaits next, its exit included; from the loop,
+            # it hits the body's next await, unless the body raised the loss by then
+            self._loop.call_soon(self._cancel_body)
+        else:
+            self._cancel_body()
+
+    def _cancel_body(self) -> None:
+        if not self._engine.stopping and self._body is not None:
             self._body_cancelled = True
             self._body.cancel()

@@ -552,8 +552,11 @@ class HoldingFront(Generic[LeaseT]):
         self.on_renewed()
 
     def _lost(self, by_check: bool) -> None:
-        """The driver: set its event, wake or cancel what waits (``by_check``: the body
-        declared it and raises it; cancelling the body would hit its exit instead)."""
+        """The driver: set its event, wake or cancel what waits.
+
+        ``by_check``: the body declared it and raises it; cancelling the body would hit its
+        exit instead.
+        """
 
     def _stand_down(self) -> None:
         """The driver: stop both guards now (a completion, or a requested stop)."""

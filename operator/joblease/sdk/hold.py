@@ -35,8 +35,8 @@ from joblease.domain.holder import (
 from joblease.kube.api import ApiError
 
 # The renewal cadence and backoff are the holder's protocol, shared with joblease.aio.
-__all__ = ["MAX_RETRY_DELAY", "RENEW_FRACTION", "AsyncHolding", "Holding",
-           "RenewalStoppedError", "retry_delay"]
+__all__ = ["MAX_RETRY_DELAY", "RENEW_FRACTION", "Holding", "RenewalStoppedError",
+           "retry_delay"]
 log = logging.getLogger("joblease.sdk")
 
 
