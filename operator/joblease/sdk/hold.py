@@ -22,7 +22,6 @@ import logging
 import threading
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
 
 from joblease.domain.errors import LeaseError, LeaseLostError, RenewalStoppedError
 from joblease.domain.holder import (
@@ -181,11 +180,3 @@ class Holding(HoldingFront[HeldLease]):
         with self._wake:
             self._wake.notify_all()
 
-
-def __getattr__(name: str) -> Any:
-    # the deprecated asyncio flavour moved out, so that this module imports no asyncio
-    if name == "AsyncHolding":
-        from joblease.sdk.async_holding import AsyncHolding
-
-        return AsyncHolding
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
