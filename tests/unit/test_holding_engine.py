@@ -277,3 +277,13 @@ def test_the_exit_releases_unless_completed_or_lost_and_counts_failed_work(
     if lost:
         e.declare(stale())
     assert e.release_on_exit(raised) is release
+
+
+def test_a_check_that_cannot_build_the_expiry_is_a_declared_loss_not_a_bug() -> None:
+    lease = ClockLease(30.0)
+    lease.lease_until = "not a time"  # type: ignore[assignment]
+    e, d = engine(lease)
+    lease.now = 30.0
+    with pytest.raises(RenewalStoppedError, match="check of 'job' stopped by an unexpected"):
+        e.check()
+    assert isinstance(e.loss, RenewalStoppedError) and d.lost == [True]

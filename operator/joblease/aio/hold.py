@@ -87,10 +87,10 @@ class AsyncLeaseHolding(HoldingFront[AsyncHeldLease]):
     async def __aenter__(self) -> AsyncLeaseHolding:
         self._loop = asyncio.get_running_loop()
         self._body = asyncio.current_task()
+        self._arm_watchdog()  # first: should it raise, no renewer is left running unowned
         self._renewer = self._loop.create_task(self._renew_loop(),
                                                name=f"joblease-renew-{self.lease.name}")
         self._renewer.add_done_callback(self._renewer_ended)
-        self._arm_watchdog()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

@@ -354,7 +354,13 @@ class HoldingEngine(Generic[LeaseT]):
         watchdog. The body is not cancelled: the raise is the signal.
         """
         if self._loss is None:
-            seen = loss_at_check(self.lease, self.remaining())
+            try:
+                seen = loss_at_check(self.lease, self.remaining())
+            except Exception as err:  # the body's guard fails safe too: a loss, not a bug
+                self._log.exception("JobLease %s: lease guard failed: the check",
+                                    self.lease.name)
+                seen = RenewalStoppedError(self.lease.name, f"check of {self.lease.name!r} "
+                                           f"stopped by an unexpected error: {err!r}")
             if seen is not None:
                 self.declare(seen, by_check=True)
         if self._loss is not None:
