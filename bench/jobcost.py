@@ -32,7 +32,7 @@ from tests.support.fakekube import FakeKubeApi, lease_object
 
 import joblease
 from joblease.domain.clock import ServerClock
-from joblease.runner import run_under_lease
+from joblease.engines.runner import run_under_lease
 from joblease.sdk.client import LeaseClient
 
 
@@ -71,8 +71,8 @@ def _controls() -> tuple[str, dict[str, Any], Callable[[], None], Callable[[], i
     the pid of a long-lived watcher whose CPU ``getrusage`` cannot see (if any)."""
     params = inspect.signature(run_under_lease).parameters
     if "supervisor" in params:
-        from joblease.runner import Stopper
-        from joblease.supervisor import Supervisor
+        from joblease.engines.runner import Stopper
+        from joblease.engines.supervisor import Supervisor
 
         supervisor = Supervisor(5.0)
         return ("one supervisor per worker", {"stop": Stopper(), "supervisor": supervisor},

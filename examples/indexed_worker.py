@@ -34,9 +34,9 @@ from typing import Any
 import psycopg
 
 from joblease.domain.token import FencingToken
-from joblease.downward import TokenFile
 from joblease.fencing import StaleTokenError
 from joblease.fencing.postgres import PostgresFence
+from joblease.pod.downward import TokenFile
 
 HEARTBEAT = Path("/tmp/heartbeat")
 REFUSED = 3

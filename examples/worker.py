@@ -28,9 +28,9 @@ from pathlib import Path
 
 import psycopg
 
-from joblease.downward import TokenFile
 from joblease.fencing import StaleTokenError
 from joblease.fencing.postgres import PostgresFence
+from joblease.pod.downward import TokenFile
 
 HEARTBEAT = Path("/tmp/heartbeat")
 

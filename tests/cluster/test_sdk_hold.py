@@ -64,7 +64,9 @@ def test_async_holding_cancels_the_body_and_raises_lease_lost(leases: LeaseClien
     effects: list[int] = []
 
     async def work() -> None:
-        async with AsyncHolding(lease):
+        with pytest.warns(DeprecationWarning, match="joblease.aio"):  # deprecated, still works
+            holding = AsyncHolding(lease)
+        async with holding:
             await asyncio.to_thread(steal, leases, "job", "thief")
             for i in range(100):  # would take 10 s; must be cut short by the loss
                 effects.append(i)

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from joblease.downward import TokenFile
+from joblease.pod.downward import TokenFile
 
 MAX_SECONDS = 900.0
 

@@ -56,3 +56,14 @@ def test_the_blocking_client_loads_no_asyncio() -> None:
     loaded = _loaded_after("import joblease.sdk.client, joblease.sdk.pool, joblease.cli")
     assert not [m for m in loaded if m == "asyncio" or m.startswith("asyncio.")]
     assert "joblease.core.asteps" not in loaded
+
+
+def test_the_thread_holding_and_a_pods_token_reader_load_no_asyncio_and_no_sdk() -> None:
+    """Issue 31: ``joblease.sdk.hold`` drives the holding engine with threads only (the
+    deprecated asyncio flavour moved out), and ``joblease.pod.downward`` (and its old name,
+    ``joblease.downward``), which runs in a delegated pod, needs neither the SDK nor asyncio."""
+    loaded = _loaded_after("import joblease.sdk.hold")
+    assert not [m for m in loaded if m == "asyncio" or m.startswith("asyncio.")]
+    loaded = _loaded_after("import joblease.downward")
+    assert not [m for m in loaded if m == "asyncio" or m.startswith("asyncio.")]
+    assert not [m for m in loaded if m.startswith(("joblease.sdk", "joblease.core"))]

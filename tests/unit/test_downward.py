@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 
 from joblease.domain.token import FencingToken
-from joblease.downward import (
+from joblease.fencing import StaleTokenError, TokenGate
+from joblease.pod.downward import (
     DownwardFormatError,
     TokenFile,
     go_unquote,
     parse_annotations,
 )
-from joblease.fencing import StaleTokenError, TokenGate
 
 
 def go_quote(value: str) -> str:

@@ -43,7 +43,8 @@ from joblease.domain.token import FencingToken
 from joblease.kube.api import KubeApi, Response, UnavailableError
 from joblease.kube.pods import PodInfo
 from joblease.kube.transact import ContentionError
-from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
+from joblease.sdk.async_holding import AsyncHolding
+from joblease.sdk.hold import Holding, RenewalStoppedError
 from support.memstore import T0, MemoryStore
 
 MARGIN = timedelta(milliseconds=250)
@@ -211,6 +212,7 @@ def test_a_hung_renewal_cannot_delay_the_declared_loss() -> None:
         release.set()
 
 
+@pytest.mark.filterwarnings("ignore:joblease.AsyncHolding is deprecated")
 def test_async_holding_cancels_its_body_when_renewals_keep_failing() -> None:
     lease = FakeLease(1.0, _raises(ContentionError("storm")))
     steps: list[int] = []
@@ -252,6 +254,7 @@ def test_a_completed_holding_declares_no_loss_at_the_old_deadline() -> None:
     assert holding.loss is None and lease.completions == 1
 
 
+@pytest.mark.filterwarnings("ignore:joblease.AsyncHolding is deprecated")
 def test_an_async_body_after_its_completion_is_not_cancelled() -> None:
     lease = CompletingLease(0.5)
     steps: list[int] = []

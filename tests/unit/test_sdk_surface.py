@@ -20,12 +20,12 @@ import joblease
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import JobleaseError, LeaseError, StaleLeaseError
 from joblease.domain.token import FencingToken
-from joblease.downward import DownwardFormatError
 from joblease.fencing.errors import FencingError, StaleTokenError
 from joblease.kube.api import ApiError, UnavailableError
 from joblease.kube.transact import ContentionError
+from joblease.pod.downward import DownwardFormatError
 from joblease.sdk import Holding, LeaseClient
-from joblease.sdk.client import default_holder
+from joblease.sdk.client import Lease, default_holder
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
 
 
@@ -244,10 +244,11 @@ def test_the_lazily_loaded_names_are_the_defining_modules_own() -> None:
     each name must still be the very class the module defines, and a typo must say so."""
     import joblease.sdk as sdk
     from joblease.domain.errors import PoolClosedError
-    from joblease.sdk import hold, pool
+    from joblease.sdk import async_holding, hold, pool
 
-    for name in ("AsyncHolding", "Holding", "RenewalStoppedError"):
+    for name in ("Holding", "RenewalStoppedError"):
         assert getattr(sdk, name) is getattr(hold, name)
+    assert sdk.AsyncHolding is async_holding.AsyncHolding
     assert sdk.Pool is pool.Pool
     assert sdk.PoolClosedError is PoolClosedError
     with pytest.raises(AttributeError) as err:
@@ -260,3 +261,27 @@ def test_default_holder_prefers_the_environment(monkeypatch: pytest.MonkeyPatch)
     assert default_holder() == "from-env"
     monkeypatch.delenv("JOBLEASE_HOLDER")
     assert default_holder().rsplit("-", 1)[1].isdigit()
+
+
+def test_async_holding_is_deprecated_with_a_pointer_to_joblease_aio() -> None:
+    """Issue 31, item 4: the asyncio flavour of the thread holding is retired, not removed."""
+    from joblease.domain.holder import HoldingFront
+
+    lease = Lease.__new__(Lease)  # never renewed: the holding is built, not entered
+    lease.name, lease.loss = "job", None
+    lease.remaining = lambda: 30.0  # type: ignore[method-assign]
+    with pytest.warns(DeprecationWarning, match=r"joblease\.aio\.AsyncLeaseClient.*client\.hold"):
+        holding = joblease.AsyncHolding(lease)
+    assert isinstance(holding, Holding) and isinstance(holding, HoldingFront)
+    assert "AsyncHolding" in joblease.__all__
+
+
+def test_the_downward_readers_old_name_is_the_same_reader() -> None:
+    """``joblease.downward`` moved to ``joblease.pod.downward`` (issue 31, item 7); the old
+    name is public API (README, docs/sdk.md, the examples) and must give the very objects."""
+    import joblease.downward as old
+    import joblease.pod.downward as new
+
+    assert old.__all__ == new.__all__
+    for name in new.__all__:
+        assert getattr(old, name) is getattr(new, name), name

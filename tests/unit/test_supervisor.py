@@ -19,8 +19,8 @@ import time
 
 import pytest
 
-from joblease.runner import Stopper
-from joblease.supervisor import Supervisor, Watcher
+from joblease.engines.runner import Stopper
+from joblease.engines.supervisor import Supervisor, Watcher
 
 SLEEP = ["sleep", "30"]
 
@@ -77,7 +77,7 @@ def test_a_worker_killed_with_sigkill_takes_its_commands_with_it() -> None:
     command it watched, SIGTERM first, SIGKILL after the grace for one that ignores it."""
     worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
         import subprocess, sys, time
-        from joblease.supervisor import Supervisor
+        from joblease.engines.supervisor import Supervisor
         s = Supervisor(grace=0.5)
         polite = subprocess.Popen(["sleep", "30"], start_new_session=True)
         stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; sleep 30"],

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import pytest
 
 from joblease.domain.token import ANNOTATION_KEYS, FencingToken, HeldToken, no_token_annotations
-from joblease.downward import DownwardFormatError, token_from_annotations
 from joblease.kube.pods import ANNOTATION_PREFIX, TOKEN_ANNOTATIONS
+from joblease.pod.downward import DownwardFormatError, token_from_annotations
 
 pytestmark = pytest.mark.unit
 

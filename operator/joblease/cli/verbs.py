@@ -1,7 +1,7 @@
 """What each ``joblease`` verb does: read its arguments, call the SDK or an engine, print.
 
-The engines live below the CLI, as libraries: ``joblease.runner`` (``run``: one command
-under one lease) and ``joblease.worker_pool`` (``work``: a pool worker). Each verb imports
+The engines live below the CLI, as libraries (``joblease.engines``): ``runner`` (``run``: one
+command under one lease) and ``worker_pool`` (``work``: a pool worker). Each verb imports
 what it uses when it runs, so ``--help`` and ``completion`` stay cheap.
 """
 
@@ -53,7 +53,7 @@ def _client(args: argparse.Namespace, *, calibrate: bool, one_shot: bool = True
 
 def claim(args: argparse.Namespace) -> int:
     """``claim NAME``: claim once (or wait ``--wait``); print the token and claim id."""
-    from joblease.runner import held_token
+    from joblease.engines.runner import held_token
     client = _client(args, calibrate=False)
     lease = client.wait_claim(args.name, args.holder, timeout=args.wait,
                               retry_unavailable=max(args.wait, 10.0))
@@ -131,8 +131,8 @@ def _command(args: argparse.Namespace, usage: str) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``run --lease NAME -- CMD``: one command under one lease (``joblease.runner``)."""
-    from joblease.runner import run_under_lease
+    """``run --lease NAME -- CMD``: one command under one lease (``joblease.engines.runner``)."""
+    from joblease.engines.runner import run_under_lease
     command = _command(args, "joblease run --lease NAME -- CMD ARGS…")
     if not command:
         return EXIT_USAGE
@@ -148,11 +148,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def work(args: argparse.Namespace) -> int:
-    """``work -l SELECTOR -- CMD``: a pool worker (``joblease.worker_pool``)."""
+    """``work -l SELECTOR -- CMD``: a pool worker (``joblease.engines.worker_pool``)."""
     import signal
 
     from joblease.domain.lease import Phase
-    from joblease.worker_pool import WorkOptions, WorkPool
+    from joblease.engines.worker_pool import WorkOptions, WorkPool
     command = _command(args, "joblease work -l SELECTOR -- CMD ARGS…")
     if not command:
         return EXIT_USAGE

@@ -6,7 +6,7 @@ A pod labelled ``joblease.dev/lease=<name>`` asks the operator to hold the JobLe
 ``spec.podDelegation.serviceAccountName``). Without that opt-in anyone allowed to create a
 pod could make the operator, which is exempt from the holder-only policy, claim any lease
 for them (a confused deputy). The pod needs no API credentials at all: it reads its token
-from a downward API volume (``joblease.downward``). For each opted-in lease:
+from a downward API volume (``joblease.pod.downward``). For each opted-in lease:
 
 1. If no pod holds it, claim it for one eligible pod (Ready, not being deleted, the right
    ServiceAccount; the oldest first, then by name) as holder

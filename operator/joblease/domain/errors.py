@@ -3,7 +3,7 @@
 ``JobleaseError`` is the root of every error joblease raises on purpose — the protocol's
 (here), the API server's (``joblease.kube.api.ApiError``), a fencing target's
 (``joblease.fencing.errors.FencingError``) and the downward API reader's
-(``joblease.downward.DownwardFormatError``). It lives in this module because this is the
+(``joblease.pod.downward.DownwardFormatError``). It lives in this module because this is the
 bottom layer every other one may import (``pyproject.toml``'s import contracts), so one
 ``except joblease.JobleaseError`` catches them all without the layers depending upward.
 

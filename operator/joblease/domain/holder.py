@@ -13,9 +13,10 @@ is decided once. The clients only move requests and wait.
   and its backoff, as the renewer of either holding follows them.
 * :func:`loss_at_check`, :func:`expired_error`: what a holding declares when it looks
   (``check()``, its watchdog) — written once because the two holdings' copies drifted.
-* :class:`HoldingState`: what both holdings know and answer without waiting (the token,
-  the loss, ``fail()``, the time left, the renewal pace); only their concurrency skeletons
-  (two threads and a condition; a task and a timer) are written twice.
+* :class:`HoldingEngine`: the renewal loop, decided once — when to renew, what a refusal,
+  a timeout or an unreachable server means, when the lease is lost, what the exit
+  releases; :class:`HoldingFront`: what a holding answers from it. The thread and asyncio
+  holdings are its drivers: they only wait and send.
 * :func:`seconds_until_claimable`: how long a waiting claimer sleeps.
 * :class:`HeldLease`, :class:`AsyncHeldLease`: what a holding (``sdk.hold``, ``aio.hold``)
   needs of the lease it guards — the seam that lets holdings depend on this module
@@ -24,7 +25,10 @@ is decided once. The clients only move requests and wait.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Generic, Protocol, TypeVar
@@ -35,6 +39,7 @@ from joblease.domain.errors import (
     LeaseFinishedError,
     LeaseGoneError,
     LeaseLostError,
+    RenewalStoppedError,
 )
 from joblease.domain.lease import Claim, Observed, Phase, Transition, decide_claim
 from joblease.domain.time import DEFAULT_MARGIN as DEFAULT_MARGIN  # (public: the SDK's)
@@ -269,26 +274,232 @@ class RenewalPace:
 LeaseT = TypeVar("LeaseT", bound=_LeaseState)
 
 
-class HoldingState(Generic[LeaseT]):
-    """The state of a holding that needs no waiting, shared by both holdings.
+class HoldingEngine(Generic[LeaseT]):
+    """The renewal loop of a holding, decided once: when to renew, what an answer means.
 
-    ``joblease.sdk.Holding`` (threads) and ``joblease.aio.AsyncLeaseHolding`` (a task and a
-    timer) add how they wait, renew and stop; what they know and answer is here, once.
+    ``joblease.sdk.Holding`` (two threads and a condition) and
+    ``joblease.aio.AsyncLeaseHolding`` (a task and a timer) are its drivers: they wait and
+    send the renewal; every decision is here, so the two cannot drift (they did: the
+    watchdog's error, the completion, a renewal answered after the loss). It performs no
+    I/O and never waits:
+
+    * the **renewer** asks :meth:`renew_pause` how long to wait (``None``: stand down),
+      then :meth:`renew_due` whether to send (a passed deadline is declared here, never
+      renewed), then folds the answer in with :meth:`renewal_done`: a refusal
+      (``LeaseLostError``) is the loss, any other ``Exception`` a retry after a backoff;
+    * the **watchdog** asks :meth:`deadline_left`, which declares the expiry once the local
+      deadline (minus ``stop_before``) has passed and otherwise says how long to sleep;
+      a renewal that moved the deadline is seen when it wakes, so it needs no signal;
+    * :meth:`guard_ended` is every guard's last word. The safety rule: a loop that guards
+      safety fails safe. Its only exit other than a requested stop is the declared loss,
+      so a guard that ends while still guarding — it returned, it was cancelled, an
+      exception nobody planned for — declares ``RenewalStoppedError``, never a silent stop.
+
+    A loss is declared once (under ``guard``: the thread holding's guards and its body race
+    for it) and never cleared; the driver is then told through ``lost``.
 
     Args:
         lease: The held lease.
         renew_fraction: Renew after this fraction of the lease's remaining time.
         stop_before: Declare a lease that could not be renewed lost this many seconds
             before its deadline.
+        lost: The driver, told once that the loss is declared: it sets its event, wakes or
+            cancels what waits, and runs ``on_lost``. Its argument says whether the body
+            itself declared it (``check()``, a refused completion) and raises it, so must
+            not be cancelled.
+        stand_down: The driver, told to stop both guards now (completion, requested stop).
+        renewed: The driver, told of each successful renewal (``on_renewed``).
+        guard: Held around declaring the loss (a lock for threads; none for one loop).
+        log: The driver's logger (``joblease.sdk``, ``joblease.aio``): one text, two names.
     """
 
-    def __init__(self, lease: LeaseT, renew_fraction: float, stop_before: float) -> None:
+    def __init__(self, lease: LeaseT, renew_fraction: float, stop_before: float, *,
+                 lost: Callable[[bool], None], stand_down: Callable[[], None],
+                 renewed: Callable[[], None],
+                 guard: AbstractContextManager[object] | None = None,
+                 log: logging.Logger | None = None) -> None:
         self.lease = lease
         self.completed = False
+        self.failed = False  # fail(): release as failed (an attempt) on exit
+        self.stopping = False  # a requested stop: the block is exiting
         self._loss: LeaseLostError | None = None
-        self._failed = False  # fail(): release as failed (an attempt) on exit
         self._pace = RenewalPace(renew_interval(lease.remaining(), renew_fraction))
         self._stop_before = max(0.0, stop_before)
+        self._lost, self._stand_down, self._renewed = lost, stand_down, renewed
+        self._guard = guard if guard is not None else contextlib.nullcontext()
+        self._log = log or logging.getLogger("joblease")
+
+    @property
+    def loss(self) -> LeaseLostError | None:
+        """The declared loss, or ``None``: set once, never cleared."""
+        return self._loss
+
+    @property
+    def renew_failures(self) -> int:
+        """Renewals that failed transiently and were retried."""
+        return self._pace.failures
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the guards stand down: a stop was requested, the job completed, or lost."""
+        return self.stopping or self.completed or self._loss is not None
+
+    def remaining(self) -> float:
+        """Seconds until the lease is declared lost unless it is renewed."""
+        return self.lease.remaining() - self._stop_before
+
+    def check(self) -> None:
+        """Raise the loss, declaring first what the body can see itself (:func:`loss_at_check`).
+
+        A loss the lease met outside the holding (a direct ``renew()`` refused) is adopted
+        with its reason; a deadline passed is declared here, without waiting for the
+        watchdog. The body is not cancelled: the raise is the signal.
+        """
+        if self._loss is None:
+            try:
+                seen = loss_at_check(self.lease, self.remaining())
+            except Exception as err:  # the body's guard fails safe too: a loss, not a bug
+                self._log.exception("JobLease %s: lease guard failed: the check",
+                                    self.lease.name)
+                seen = RenewalStoppedError(self.lease.name, f"check of {self.lease.name!r} "
+                                           f"stopped by an unexpected error: {err!r}")
+            if seen is not None:
+                self.declare(seen, by_check=True)
+        if self._loss is not None:
+            raise self._loss
+
+    # -- the renewer --------------------------------------------------------------------
+
+    def renew_pause(self) -> float | None:
+        """Seconds to wait before the next renewal, never past the deadline; ``None``: stop."""
+        return None if self.stopped else self._pace.pause(self.remaining())
+
+    def renew_due(self) -> bool:
+        """After the pause: whether to send a renewal now.
+
+        No renewal is sent past the deadline: that is the expiry (a clock that jumped, a
+        renewer that overslept), declared here, and the renewer stops.
+        """
+        if self.stopped:
+            return False
+        if self.remaining() <= 0:
+            self.declare(expired_error(self.lease))
+            return False
+        return True
+
+    def renewal_done(self, error: Exception | None) -> bool:
+        """Fold in one renewal's outcome (``None``: it succeeded); whether the renewer goes on.
+
+        A refusal is the loss. Any other exception is transient — an unreachable server, a
+        409 storm, a lost answer, a bug in a credential plugin — and retried after a short
+        backoff until one succeeds or the deadline passes. A success answered after the
+        loss was declared (a hung request that came back) changes nothing: a loss is never
+        cleared, and the driver is not told of a renewal.
+        """
+        if isinstance(error, LeaseLostError):
+            self.declare(error)
+            return False
+        if error is not None:
+            delay = self._pace.failed()
+            self._log.warning("JobLease %s: renewal failed (%s: %s); retrying in %.2fs, lost "
+                              "in %.2fs unless one succeeds", self.lease.name,
+                              type(error).__name__, error, delay, self.remaining())
+            return not self.stopped
+        if self.stopped:
+            return False
+        self._pace.renewed()
+        self._renewed()
+        return True
+
+    # -- the watchdog -------------------------------------------------------------------
+
+    def deadline_left(self) -> float | None:
+        """Seconds the watchdog sleeps before it looks again; ``None``: its watch is over.
+
+        Declares the expiry once the deadline has passed; over too once stopped.
+        """
+        if self.stopped:
+            return None
+        left = self.remaining()
+        if left > 0:
+            return left
+        self.declare(expired_error(self.lease))
+        return None
+
+    # -- every guard's end, the completion, the exit --------------------------------------
+
+    def guard_ended(self, guard: str, error: BaseException | None = None, *,
+                    cancelled: bool = False) -> None:
+        """A guard's loop ended: unless the holding stopped guarding, that is the loss.
+
+        Args:
+            guard: Which guard ("renewal", "deadline watchdog"), for the error's text.
+            error: What ended it, if it raised.
+            cancelled: Whether it was cancelled (an asyncio task).
+        """
+        why = ("was cancelled" if cancelled else "ended unexpectedly" if error is None
+               else f"stopped by an unexpected error: {error!r}")
+        if self.stopped:
+            if error is not None:
+                self._log.error("JobLease %s: the %s %s after the holding stopped guarding",
+                                self.lease.name, guard, why, exc_info=error)
+            return
+        self._log.error("JobLease %s: lease guard failed: the %s %s", self.lease.name, guard,
+                        why, exc_info=error)
+        self.declare(RenewalStoppedError(self.lease.name,
+                                         f"{guard} of {self.lease.name!r} {why}"))
+
+    def completion_done(self, error: Exception | None) -> None:
+        """Fold in the completion's outcome: done, the guards stop; a refusal is the loss."""
+        if isinstance(error, LeaseLostError):
+            self.declare(error, by_check=True)  # the body raises it
+        elif error is None:
+            self.completed = True
+            self._stand_down()
+
+    def stop(self) -> None:
+        """The block is exiting: stop guarding (nothing is declared any more)."""
+        self.stopping = True
+        self._stand_down()
+
+    def release_on_exit(self, raised: bool) -> bool | None:
+        """On the block's exit: ``None`` (nothing to release), else whether as failed.
+
+        A completed lease is done; a lost one is not ours to release. Failed work (it
+        raised, or called ``fail()``) counts an attempt.
+        """
+        if self.completed or self._loss is not None:
+            return None
+        return raised or self.failed
+
+    def declare(self, err: LeaseLostError, by_check: bool = False) -> None:
+        """Declare the loss once: record it, on the lease too, then tell the driver."""
+        with self._guard:
+            if self._loss is not None:
+                return
+            self._loss = err
+            if self.lease.loss is None:
+                self.lease.loss = err
+        self._lost(by_check)
+
+
+class HoldingFront(Generic[LeaseT]):
+    """What a holding answers without waiting, read from its engine; shared by both drivers.
+
+    A driver (``sdk.Holding``, ``aio.AsyncLeaseHolding``) builds its :class:`HoldingEngine`
+    with :meth:`_engine_for`, and adds only how it waits, sends and stops.
+    """
+
+    lease: LeaseT
+    _engine: HoldingEngine[LeaseT]
+
+    def _engine_for(self, lease: LeaseT, renew_fraction: float, stop_before: float, *,
+                    guard: AbstractContextManager[object] | None = None,
+                    log: logging.Logger | None = None) -> HoldingEngine[LeaseT]:
+        self.lease = lease
+        return HoldingEngine(lease, renew_fraction, stop_before, lost=self._declared,
+                             stand_down=self._stand_down, renewed=self._renewed, guard=guard,
+                             log=log)
 
     @property
     def token(self) -> FencingToken:
@@ -296,9 +507,14 @@ class HoldingState(Generic[LeaseT]):
         return self.lease.token
 
     @property
+    def completed(self) -> bool:
+        """Whether :meth:`complete` succeeded (the guards then stop)."""
+        return self._engine.completed
+
+    @property
     def renew_failures(self) -> int:
         """Renewals that failed transiently and were retried."""
-        return self._pace.failures
+        return self._engine.renew_failures
 
     @property
     def loss(self) -> LeaseLostError | None:
@@ -307,7 +523,7 @@ class HoldingState(Generic[LeaseT]):
         The one answer to "is this hold lost, and why": set once, by whichever guard saw the
         loss first, and never cleared. Read-only: a loss is declared, never assigned.
         """
-        return self._loss
+        return self._engine.loss
 
     def fail(self) -> None:
         """Mark the work as failed: on exit the lease is released as failed.
@@ -316,18 +532,42 @@ class HoldingState(Generic[LeaseT]):
         does; use it when the work failed without raising (``joblease run`` calls it for a
         non-zero exit). No effect if the body completes the lease or it is lost.
         """
-        self._failed = True
+        self._engine.failed = True
 
     def remaining(self) -> float:
         """Seconds until this holding declares the lease lost unless it is renewed."""
-        return self.lease.remaining() - self._stop_before
+        return self._engine.remaining()
 
-    def _seen_at_check(self) -> LeaseLostError | None:
-        """The loss a ``check()`` must declare now (:func:`loss_at_check`), or ``None``."""
-        return loss_at_check(self.lease, self.remaining())
+    def check(self) -> None:
+        """Raise the loss if the lease is lost; call it before every effect.
 
-    def _expired(self) -> LeaseExpiredError:
-        return expired_error(self.lease)
+        Raises:
+            LeaseLostError: the lease is lost (:attr:`loss`); stop producing effects.
+        """
+        self._engine.check()
+
+    def on_lost(self) -> None:
+        """React to the loss (called once, by whichever guard saw it); subclasses override."""
+
+    def on_renewed(self) -> None:
+        """React to a successful renewal (from the renewer); subclasses override."""
+
+    def _declared(self, by_check: bool) -> None:
+        self._lost(by_check)
+        self.on_lost()
+
+    def _renewed(self) -> None:
+        self.on_renewed()
+
+    def _lost(self, by_check: bool) -> None:
+        """The driver: set its event, wake or cancel what waits.
+
+        ``by_check``: the body declared it and raises it; cancelling the body would hit its
+        exit instead.
+        """
+
+    def _stand_down(self) -> None:
+        """The driver: stop both guards now (a completion, or a requested stop)."""
 
 
 def expired_error(lease: _LeaseState) -> LeaseExpiredError:

@@ -65,7 +65,7 @@ from joblease.domain.errors import (
 
 # The time rules live in ``joblease.domain.time``. The ``as`` names stay importable from
 # here because modules of other branches still import them from this one (the reconciler,
-# pod delegation, core/presence.py, downward.py, bench/, tests/sim); new code imports
+# pod delegation, core/presence.py, pod/downward.py, bench/, tests/sim); new code imports
 # ``joblease.domain.time``.
 from joblease.domain.time import EARLIEST_TIME as EARLIEST_TIME
 from joblease.domain.time import LATEST_TIME as LATEST_TIME

@@ -25,7 +25,7 @@ INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 JOB_UID_LABEL = "batch.kubernetes.io/controller-uid"
 MAX_INDEX_DIGITS = 6  # the API server caps an Indexed Job's completions at 100,000
 ANNOTATION_PREFIX = "joblease.dev/"
-# The token annotations the operator owns on a delegated pod (see joblease.downward).
+# The token annotations the operator owns on a delegated pod (see joblease.pod.downward).
 TOKEN_ANNOTATIONS = ("holder", "epoch", "generation", "lease-until")
 
 

@@ -10,19 +10,24 @@ from joblease.sdk.pool import Pool  # (loaded by the client anyway: ``LeaseClien
 
 if TYPE_CHECKING:
     from joblease.domain.errors import PoolClosedError
-    from joblease.sdk.hold import AsyncHolding, Holding, RenewalStoppedError
+    from joblease.sdk.async_holding import AsyncHolding
+    from joblease.sdk.hold import Holding, RenewalStoppedError
 
 __all__ = ["DEFAULT_MARGIN", "AsyncHolding", "Holding", "Lease", "LeaseClient", "Pool",
            "PoolClosedError", "RenewalStoppedError", "default_holder"]
 
 
 def __getattr__(name: str) -> Any:
-    # Holding/AsyncHolding load on first use: they import asyncio (tens of milliseconds),
-    # which one-shot CLI verbs that only claim or read never need (issue 18, item 5).
-    if name in ("AsyncHolding", "Holding", "RenewalStoppedError"):
+    # The holdings load on first use: one-shot CLI verbs that only claim or read never
+    # need them (issue 18, item 5); AsyncHolding (deprecated) is the one that imports asyncio.
+    if name in ("Holding", "RenewalStoppedError"):
         from joblease.sdk import hold
 
         return getattr(hold, name)
+    if name == "AsyncHolding":
+        from joblease.sdk.async_holding import AsyncHolding
+
+        return AsyncHolding
     if name == "PoolClosedError":
         from joblease.domain.errors import PoolClosedError
 

@@ -43,8 +43,13 @@ from joblease.cli.exits import EXIT_OK
 from joblease.controller.reconciler import LeaseView, Reconciler
 from joblease.domain.lease import LeaseStatus, Observed, Phase
 from joblease.domain.time import format_time, parse_time
-from joblease.downward import DelegatedToken, go_unquote, parse_annotations, token_from_annotations
 from joblease.kube.leases import LeaseStore
+from joblease.pod.downward import (
+    DelegatedToken,
+    go_unquote,
+    parse_annotations,
+    token_from_annotations,
+)
 from joblease.sdk.client import LeaseClient
 from support.fakekube import FakeKubeApi, lease_object
 

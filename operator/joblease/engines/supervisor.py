@@ -88,7 +88,7 @@ class Supervisor:
             if self._proc is None:
                 # its own session: a signal to the worker's group does not reach it
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "joblease.supervisor", repr(self.grace)],
+                    [sys.executable, "-m", "joblease.engines.supervisor", repr(self.grace)],
                     stdin=subprocess.PIPE, start_new_session=True)
             with contextlib.suppress(BrokenPipeError, ValueError, OSError):
                 assert self._proc.stdin is not None
@@ -181,7 +181,7 @@ def _alive(pgid: int) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m joblease.supervisor GRACE``: watch for one worker until it leaves."""
+    """``python -m joblease.engines.supervisor GRACE``: watch for one worker until it leaves."""
     args = sys.argv[1:] if argv is None else argv
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C at the terminal is the worker's
     run(float(args[0]) if args else 5.0)

@@ -3,7 +3,7 @@
 A pool worker is ``joblease run`` in a loop over a label selector: each of its
 ``concurrency`` slots (a thread) claims the next job of the pool (``claim_next``: priority
 first, then FIFO, without herding onto the same job as the other workers), runs the command
-under that lease with :func:`joblease.runner.run_under_lease` — the same environment,
+under that lease with :func:`joblease.engines.runner.run_under_lease` — the same environment,
 renewal, stop-on-loss and exit-code rules as ``run`` — and claims again. The slots share one
 pool (one list + watch of the selector), so K slots cost one watch, not K.
 
@@ -40,10 +40,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
+from joblease.engines.runner import RunResult, Stopper, run_under_lease
+from joblease.engines.supervisor import Supervisor
 from joblease.kube.api import ApiError, UnavailableError
-from joblease.runner import RunResult, Stopper, run_under_lease
 from joblease.sdk.client import Lease
-from joblease.supervisor import Supervisor
 
 EXIT_OK, EXIT_API, EXIT_JOBS_FAILED, EXIT_DRAIN_TIMEOUT = 0, 6, 7, 8
 MAX_UNAVAILABLE_PAUSE = 5.0

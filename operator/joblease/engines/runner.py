@@ -23,10 +23,10 @@ from typing import Any
 
 from joblease.domain.errors import LeaseError
 from joblease.domain.token import HeldToken
+from joblease.engines.supervisor import Supervisor
 from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 from joblease.sdk.hold import Holding
-from joblease.supervisor import Supervisor
 
 EXIT_LEASE_LOST = 4
 
@@ -95,7 +95,7 @@ class _StopChildOnLoss(Holding):
 
         No ``preexec_fn``: without it the interpreter may spawn with ``vfork``, instead of
         copying the whole worker with ``fork`` (2-4 ms a job). A command outliving its
-        worker is the supervisor's to stop (``joblease.supervisor``).
+        worker is the supervisor's to stop (``joblease.engines.supervisor``).
         """
         with self._child_lock:
             if self.loss is not None or not self.lease.valid():
@@ -188,7 +188,7 @@ def run_under_lease(lease: Lease, command: list[str], grace: float = 5.0, *,
         forward_signals: Pass this process's SIGINT/SIGTERM on to the command (``run``).
             Only possible from the main thread; ``joblease work`` runs commands from
             threads and handles those signals itself (it drains).
-        supervisor: The worker's :class:`~joblease.supervisor.Supervisor`, shared by its
+        supervisor: The worker's :class:`~joblease.engines.supervisor.Supervisor`, shared by its
             commands (``joblease work``); by default one for this command alone.
     """
     own = supervisor is None
