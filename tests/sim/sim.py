@@ -37,6 +37,14 @@ admission policies in the model (half the runs; holders are then usernames):
   l. no write of joblease's own code is ever refused by a policy (403): claims, renewals,
      completions and releases (own-write recognition included) by workers and pool
      workers, the operator's writes and its token annotations on pods.
+
+Every handler of a worker, pool worker or the operator that retries on ``except
+Exception``:
+  m. catches only what was planned: a fault the world injected (``world.injected``: itself
+     or the cause/context of what arrived) or an error the protocol raises on purpose (a
+     ``JobleaseError``: ``LeaseError``, ``ApiError``/``UnavailableError``, ...). Anything
+     else (a ``TypeError`` of a changed signature, an ``AttributeError`` of a refactor) is
+     a bug the retry would otherwise hide.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from joblease.controller.pods import Delegator, PodView
 from joblease.controller.reconciler import LeaseView, Reconciler
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import (
+    JobleaseError,
     LeaseError,
     LeaseFinishedError,
     LeaseHeldError,
@@ -70,13 +79,13 @@ from joblease.sdk.hold import RENEW_FRACTION, retry_delay
 from .model import ModelError, ModelServer
 from .pods import PodChurn, annotation_violation, delegated_jobs, delegation_violation
 from .pool import POOL_LABEL, PoolWatch, claimable_in_view, draw_jobs, rest_end
-from .world import BASE, Faults, LocalClock, SimApi, World
+from .world import BASE, Faults, LocalClock, SimApi, World, injected
 
 parse_time = functools.lru_cache(maxsize=4096)(_parse_time)  # the oracles re-read the same
 POLL = 0.5  # LeaseClient.wait_claim's default poll
 ORPHAN_AFTER = 5.0  # seconds a claim may stay unadopted (its retries back off 0.2 s) ...
 HUNG_RETRY = 2 * 10.0 + 0.2  # ... or, after a hung request, this long (timeout, then a wait)
-ORACLES = "abcdefghijkl"
+ORACLES = "abcdefghijklm"
 DRAIN = 300.0  # seconds a run may go on past its horizon while pool jobs are open
 
 
@@ -152,6 +161,22 @@ class Oracles:
         self.violations[oracle] += 1
         if len(self.messages) < 20:
             self.messages.append(f"[{oracle}] t={self.sim.world.now:.3f} {message}")
+
+    def on_caught(self, process: str, handler: str, err: Exception) -> None:
+        """Oracle m: a retrying handler caught ``err``; only planned exceptions may arrive.
+
+        Planned: the protocol's own errors (every ``JobleaseError``) and the world's
+        injected faults, also when the product wrapped one or failed while handling it.
+        """
+        if isinstance(err, JobleaseError) or injected(err):
+            return
+        where = err.__traceback__
+        while where is not None and where.tb_next is not None:
+            where = where.tb_next
+        origin = (f" (raised at {where.tb_frame.f_code.co_filename.rsplit('/', 1)[-1]}:"
+                  f"{where.tb_lineno})" if where is not None else "")
+        self.fail("m", f"{process}'s {handler} caught an unplanned {type(err).__name__}: "
+                       f"{err}{origin}")
 
     def on_claim(self, worker: Worker, lease: Lease) -> None:
         key = (lease.name, lease.token)
@@ -401,7 +426,8 @@ class Worker:
         except LeaseError:  # not found (being re-created)
             self.schedule(POLL, self.claim)
             return
-        except Exception:
+        except Exception as err:
+            self.sim.oracles.on_caught(self.name, "claim", err)
             self.schedule(0.2 + self.api.blocked, self.claim)
             return
         self.start_holding(lease)
@@ -464,7 +490,8 @@ class Worker:
         except LeaseLostError:
             self.lose()
             return
-        except Exception:
+        except Exception as err:
+            self.sim.oracles.on_caught(self.name, "renew", err)
             self.failures += 1
             self.schedule(retry_delay(self.failures), self.renew)
             return
@@ -513,7 +540,8 @@ class Worker:
         except LeaseError:
             self.lose()
             return
-        except Exception:
+        except Exception as err:
+            self.sim.oracles.on_caught(self.name, "complete", err)
             self.schedule(retry_delay(1), self.complete)
             return
         self.lease = None
@@ -551,7 +579,8 @@ class PoolWorker(Worker):
         self.pool.sync()
         try:
             now, margin = self.api.server_now(), self.client.margin()
-        except Exception:
+        except Exception as err:
+            self.sim.oracles.on_caught(self.name, "server_now", err)
             self.schedule(0.2, self.claim)
             return
         chosen = self.pool.view.choose(self.holder, now, margin)
@@ -571,7 +600,8 @@ class PoolWorker(Worker):
             self.pool.view.set_aside(name)
             self.schedule(0.001, self.claim)
             return
-        except Exception:  # unknown: the claim may have landed; ask again with its id
+        except Exception as err:  # unknown: the claim may have landed; ask again with its id
+            self.sim.oracles.on_caught(self.name, "claim", err)
             self.retry = (name, claim_id)
             self.schedule(0.2, self.claim)  # (after a hung request's timeout, already spent)
             return
@@ -626,7 +656,8 @@ class PoolWorker(Worker):
         except LeaseError:
             self.lose()
             return
-        except Exception:
+        except Exception as err:
+            self.sim.oracles.on_caught(self.name, "release", err)
             self.schedule(retry_delay(1), self.complete)
             return
         self.lease = None
@@ -731,7 +762,8 @@ class Operator:
         sim.maybe_recreate()
         try:
             wait = self.reconciler.pass_once()
-        except Exception:
+        except Exception as err:
+            self.sim.oracles.on_caught("operator", "reconcile pass", err)
             wait = 1.0
         sim.ops += 1
         sim.world.after(self.api.elapsed + min(wait, 1.0), self.tick, "operator")

@@ -34,6 +34,34 @@ from .model import ModelError, ModelServer
 
 BASE = datetime(2026, 12, 3, 12, 0, 0, tzinfo=UTC)
 BASE_UNIX = BASE.timestamp()
+INJECTED = "_sim_injected"  # the attribute that marks an exception the world raised on purpose
+
+
+def inject(err: Exception) -> Exception:
+    """Mark ``err`` as a fault the world injects, keeping its type.
+
+    The code under test must handle a ``KeyError`` as a ``KeyError`` (no subclass that a
+    ``type(err) is`` check would tell apart); the mark only lets the simulator's oracle m
+    tell these planned faults from an exception a bug raised.
+    """
+    setattr(err, INJECTED, True)
+    return err
+
+
+def injected(err: BaseException) -> bool:
+    """Whether ``err``, or any exception it was raised from or while handling, was injected.
+
+    The product may wrap an injected fault (``raise ... from err``) or fail while handling
+    it; both chains lead back to the world's fault, so neither is a bug of its own.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = err
+    while current is not None and id(current) not in seen:
+        if getattr(current, INJECTED, False):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
 
 
 @dataclass(order=True)
@@ -180,8 +208,9 @@ class SimApi:
             raise UnavailableError(0, "Unavailable", f"{method} {path}: connection reset")
         if fault == "exception":
             self.elapsed += self.rtt
-            raise self.world.rng.choice([RuntimeError("credential refresh failed"),
-                                         KeyError("status"), ValueError("malformed response")])
+            raise inject(self.world.rng.choice([RuntimeError("credential refresh failed"),
+                                                KeyError("status"),
+                                                ValueError("malformed response")]))
         if fault == "conflict_storm" and method == "PATCH" and path.endswith("/status"):
             self.server.touch_metadata(path.split("/")[-2])
         self.elapsed += self.rtt / 2
