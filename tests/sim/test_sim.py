@@ -31,7 +31,7 @@ from joblease.domain.lease import EARLIEST_TIME, Claim, LeaseSpec, LeaseStatus, 
 from joblease.sdk.client import Lease
 
 from .sim import Config, Simulation, Worker, shrink
-from .world import Faults
+from .world import Faults, inject, injected
 
 CI_SEEDS = 1500  # about 45 s of one core here; `make sim` runs as long as asked
 FOUND: dict[str, tuple[int, str]] = {}
@@ -339,3 +339,49 @@ def test_rediscovers_a_holder_that_is_not_the_username(monkeypatch: pytest.Monke
     monkeypatch.setattr(Worker, "__init__", another_identity)
     config = Config(workers=2, leases=1, shared_holder=False, admission=True, seconds=10)
     _record("holder is not the username", "l", _find("l", config, 10))
+
+
+# -- unplanned exceptions (m): a retrying handler must not hide a bug -------------------------
+
+def test_an_unplanned_exception_in_a_handler_fires_m_instead_of_being_retried(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stub with ``decide_claim``'s old signature (no ``reassign``): every claim raised
+    ``TypeError``, the claim handler retried it forever, and two rediscovery tests only said
+    "never fired". Now the first such catch is a violation naming the type, text and worker."""
+    original = holder_module.decide_claim
+
+    def old_signature(obs: Any, who: str, now: Any, margin: Any, claim_id: Any = None) -> Any:
+        return original(obs, who, now, margin, claim_id)
+
+    monkeypatch.setattr(holder_module, "decide_claim", old_signature)
+    config = Config(workers=2, leases=1, duration=3, seconds=10)
+    seeds = _find("m", config, 3)
+    sim = Simulation(seeds - 1, replace(config, faults=Faults())).run()
+    assert any(m.startswith("[m]") and "'s claim caught an unplanned TypeError" in m
+               and "reassign" in m for m in sim.oracles.messages), sim.oracles.messages
+    _record("a handler retrying a TypeError forever", "m", seeds)
+
+
+def test_injected_faults_keep_their_type_and_never_fire_m() -> None:
+    """The world's generic faults are planned: the product must handle them as the types
+    they are (a ``KeyError`` stays exactly a ``KeyError``), and m must not count them,
+    also when the product wrapped one or failed while handling it."""
+    marked = inject(KeyError("status"))
+    assert type(marked) is KeyError and injected(marked)
+    try:
+        try:
+            raise marked
+        except KeyError as err:
+            raise ValueError("wrapped") from err
+    except ValueError as wrapped:
+        assert injected(wrapped)
+    assert not injected(TypeError("a bug")) and not injected(KeyError("status"))
+    faults = Faults(exception=0.2)
+    counts = Counter[str]()
+    for seed in range(3):
+        sim = Simulation(seed, Config(workers=3, leases=1, duration=3, seconds=20,
+                                      pool_workers=2, pool_jobs=3,
+                                      faults=replace(faults, counts={}))).run()
+        assert not sim.oracles.violations.get("m"), sim.oracles.messages
+        counts.update(sim.config.faults.counts)
+    assert counts["exception"] > 5  # the faults were raised, and handled
