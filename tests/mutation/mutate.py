@@ -80,12 +80,15 @@ KILLED = {"killed", "timeout", "segfault"}
 DATA = ("crds", "charts", "docs", "examples", "localcluster/src/joblease_localcluster/data")
 
 
-def stage(modules: list[str], deselect: list[str] | None = None) -> None:
+def stage(modules: list[str], deselect: list[str] | None = None,
+          tests: list[str] | None = None) -> None:
     """Lay out ``build/mutate`` (fresh each run: stale mutants must not count).
 
     ``deselect``: more tests left out of this run (``--deselect``), e.g. real-time tests
     that fail on a loaded machine: mutmut refuses a red stats run, and a test that fails
-    by load under a mutant counts that mutant as killed.
+    by load under a mutant counts that mutant as killed. ``tests``: run these test files
+    (paths under ``tests/``) instead of all of ``tests/unit`` — a score against a named
+    subset, for a machine too loaded for the whole suite's traced stats run.
     """
     args = [*PYTEST_ARGS, *(arg for test in deselect or [] for arg in ("--deselect", test))]
     if STAGE.exists():
@@ -113,7 +116,7 @@ def stage(modules: list[str], deselect: list[str] | None = None) -> None:
              "[tool.mutmut]",
              f"source_paths = {_toml_list(['src'])}",
              f"only_mutate = {_toml_list([TARGETS[m] for m in modules])}",
-             f"pytest_add_cli_args_test_selection = {_toml_list(['tests/unit'])}",
+             f"pytest_add_cli_args_test_selection = {_toml_list(tests or ['tests/unit'])}",
              f"pytest_add_cli_args = {_toml_list(args)}",
              f"also_copy = {_toml_list(list(DATA))}",
              # fork (mutmut's default) forks every mutant's run from the process that ran
@@ -231,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run these work-tree tests against each survivor of the last run")
     parser.add_argument("--deselect", action="append", default=[], metavar="TEST",
                         help="leave this test (a pytest node id or file) out of the run")
+    parser.add_argument("--tests", nargs="+", metavar="PATH",
+                        help="run only these test files (default: tests/unit)")
     parser.add_argument("--only", default="", metavar="PREFIX",
                         help="with --recheck: only the survivors whose names start so")
     args = parser.parse_args(argv)
@@ -242,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         recheck(results(), modules, args.recheck, args.only)
         return 0
     if not args.report_only:
-        stage(modules, args.deselect)
+        stage(modules, args.deselect, args.tests)
         run(args.max_children)
     report(results())
     return 0
