@@ -261,3 +261,24 @@ def test_hold_passes_the_lease_its_renewal_fraction_and_early_stop(
     assert client.real.hold(lease) == "holding"
     client.real.hold(lease, 0.5, stop_before=2.0)
     assert built == [(lease, RENEW_FRACTION, 0.0), (lease, 0.5, 2.0)]
+
+
+def test_max_conflicts_bounds_the_409s_a_claim_absorbs(kind: str) -> None:
+    """A pool claims with ``max_conflicts=1`` from its cache: a stale version costs one write."""
+    from joblease.kube.transact import ContentionError
+
+    api = Api()
+    client = client_over(kind, api)
+    stale = client.get("job")
+    client.claim("job", "a").release()  # the stored version moves on
+    api.requests.clear()
+    with pytest.raises(ContentionError):
+        client.claim("job", "b", observed=stale, max_conflicts=1)
+    assert [m for m, _ in api.requests] == ["PATCH"]
+    assert client.claim("job", "b", observed=stale).holder == "b"  # the default re-reads
+
+
+def test_count_counts_this_namespace_only(kind: str) -> None:
+    api = Api()
+    api.put_object(lease_object("elsewhere", {"phase": "Available"}, namespace="ns2"))
+    assert client_over(kind, api).count() == 1
