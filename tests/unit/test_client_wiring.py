@@ -178,7 +178,7 @@ class PoolRecorder:
 
     def __init__(self, client: Any, selector: str | None, *, spread: int = DEFAULT_SPREAD
                  ) -> None:
-        self.selector, self.spread = selector, spread
+        self.client, self.selector, self.spread = client, selector, spread
         self.asked: list[tuple[Any, ...]] = []
         self.closed = False
         PoolRecorder.built.append((selector, spread))
@@ -216,7 +216,7 @@ def test_a_pool_is_built_for_the_selector_and_spread_asked(
         kind: str, pools: list[tuple[str | None, int]]) -> None:
     client = client_over(kind, Api())
     pool = client.pool("team=a", spread=4)
-    assert (pool.selector, pool.spread) == ("team=a", 4)
+    assert (pool.client, pool.selector, pool.spread) == (client.real, "team=a", 4)
     client.pool("team=b")
     assert pools == [("team=a", 4), ("team=b", DEFAULT_SPREAD)]
 
