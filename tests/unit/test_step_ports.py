@@ -226,3 +226,25 @@ def test_a_stoppable_sleep_waits_what_it_is_asked_and_a_negative_one_not_at_all(
     stop.set()
     with pytest.raises(Stopped):
         port.perform(Sleep(0.05))
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_claim_step_goes_through_the_clients_claim_with_everything_it_carries(
+        kind: str) -> None:
+    """A pool's claim is the client's public ``claim()``: same name, holder, claim id,
+    cached version and conflict bound, so it is the same compare-and-swap as any other."""
+    calls: list[tuple[Any, ...]] = []
+
+    def claim(name: str, holder: str, *, observed: Any, claim_id: str,
+              max_conflicts: int) -> str:
+        calls.append((name, holder, observed, claim_id, max_conflicts))
+        return "the lease"
+
+    async def aclaim(*args: Any, **kwargs: Any) -> str:
+        return claim(*args, **kwargs)
+
+    seen = object()
+    answer = perform(kind, FakeKubeApi(), ClaimBy("job", "w1", "cid-1", seen, 1),  # type: ignore[arg-type]
+                     claim=claim if kind == "sync" else aclaim)
+    assert answer == "the lease"
+    assert calls == [("job", "w1", seen, "cid-1", 1)]
