@@ -248,3 +248,12 @@ def test_a_claim_step_goes_through_the_clients_claim_with_everything_it_carries(
                      claim=claim if kind == "sync" else aclaim)
     assert answer == "the lease"
     assert calls == [("job", "w1", seen, "cid-1", 1)]
+
+
+def test_a_sleep_without_a_stop_goes_to_the_injected_sleeper() -> None:
+    """The injection point a test's clock uses (the docstring of ``SyncPort``)."""
+    slept: list[float] = []
+    port = SyncPort(LeaseStore(FakeKubeApi()), sleep=slept.append)  # type: ignore[arg-type]
+    port.perform(Sleep(0.2))
+    port.perform(Sleep(-1.0))
+    assert slept == [0.2, 0.0]
