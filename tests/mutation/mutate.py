@@ -9,7 +9,8 @@ work tree is never modified. Only the fast unit tests run against the mutants
 fixes of issue 15 land — mutmut refuses to start on a red suite).
 
 Usage: ``python -m tests.mutation.mutate [MODULE ...]`` where MODULE is one of
-``domain``, ``transact``, ``sdk``, ``aio``, ``core`` (default: all). Prints one line per module:
+``domain``, ``transact``, ``sdk``, ``aio``, ``core``, or one client file alone,
+``sdk-client`` / ``aio-client`` (default: all modules). Prints one line per module:
 killed / total and the score, then every survivor's name.
 
 ``--recheck TEST ...`` runs the work tree's tests (pytest paths or node ids) against each
@@ -40,6 +41,10 @@ TARGETS = {
     "sdk": "src/joblease/sdk/*",
     "aio": "src/joblease/aio/*",
     "core": "src/joblease/core/*",
+    # the clients alone (issue 31 item 8): their scores without the holdings and pools,
+    # which are scored with their module
+    "sdk-client": "src/joblease/sdk/client.py",
+    "aio-client": "src/joblease/aio/client.py",
 }
 # test_fuzz_schema: fails on purpose until issue 15's production fixes land (see its module
 # doc). test_layout: checks the repository's layout, which the staging
@@ -60,18 +65,32 @@ DESELECTED = [
     "reference",
     *(f"tests/unit/{module}::test_the_sentinel_kills_the_group_at_the_deadline_and_when_the_"
       "runner_dies" for module in ("test_safety.py", "test_safety_pure.py")),  # main renamed it
+    # reads the repository's pyproject.toml (the build's version source), which the staging
+    # folder replaces by its own: it checks packaging, not behaviour
+    "tests/unit/test_version.py::test_the_build_reads_the_version_from_the_package_and_"
+    "nowhere_else",
 ]
 PYTEST_ARGS = ["-p", "no:cacheprovider", "-q",
                *(arg for test in DESELECTED for arg in ("--deselect", test))]
 KILLED = {"killed", "timeout", "segfault"}
 # Repository files the unit tests read (CRD schema and drift check, chart values, the
-# operations doc's tables). mutmut runs the tests from ``mutants/``, so each is also listed
-# in ``also_copy``; without them the stats run fails to collect and mutmut stops.
-DATA = ("crds", "charts", "docs", "localcluster/src/joblease_localcluster/data")
+# operations doc's tables, the indexed-Job example). mutmut runs the tests from
+# ``mutants/``, so each is also listed in ``also_copy``; without them the stats run fails
+# to collect and mutmut stops.
+DATA = ("crds", "charts", "docs", "examples", "localcluster/src/joblease_localcluster/data")
 
 
-def stage(modules: list[str]) -> None:
-    """Lay out ``build/mutate`` (fresh each run: stale mutants must not count)."""
+def stage(modules: list[str], deselect: list[str] | None = None,
+          tests: list[str] | None = None) -> None:
+    """Lay out ``build/mutate`` (fresh each run: stale mutants must not count).
+
+    ``deselect``: more tests left out of this run (``--deselect``), e.g. real-time tests
+    that fail on a loaded machine: mutmut refuses a red stats run, and a test that fails
+    by load under a mutant counts that mutant as killed. ``tests``: run these test files
+    (paths under ``tests/``) instead of all of ``tests/unit`` — a score against a named
+    subset, for a machine too loaded for the whole suite's traced stats run.
+    """
+    args = [*PYTEST_ARGS, *(arg for test in deselect or [] for arg in ("--deselect", test))]
     if STAGE.exists():
         shutil.rmtree(STAGE)
     (STAGE / "src").mkdir(parents=True)
@@ -97,8 +116,8 @@ def stage(modules: list[str]) -> None:
              "[tool.mutmut]",
              f"source_paths = {_toml_list(['src'])}",
              f"only_mutate = {_toml_list([TARGETS[m] for m in modules])}",
-             f"pytest_add_cli_args_test_selection = {_toml_list(['tests/unit'])}",
-             f"pytest_add_cli_args = {_toml_list(PYTEST_ARGS)}",
+             f"pytest_add_cli_args_test_selection = {_toml_list(tests or ['tests/unit'])}",
+             f"pytest_add_cli_args = {_toml_list(args)}",
              f"also_copy = {_toml_list(list(DATA))}",
              # fork (mutmut's default) forks every mutant's run from the process that ran
              # the whole suite for the stats, with whatever that left behind (threads,
@@ -180,8 +199,9 @@ def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
     trampoline picks the mutant from ``MUTANT_UNDER_TEST``. A run that fails or outlives its
     timeout kills the mutant (``-x``: the first failure is enough).
     """
+    wanted = {module.split("-")[0] for module in modules}  # sdk-client's mutants are sdk's
     survivors = sorted(n for n, s in statuses.items()
-                       if s not in KILLED and module_of(n) in modules and n.startswith(prefix))
+                       if s not in KILLED and module_of(n) in wanted and n.startswith(prefix))
     env = {**os.environ, "PYTHONPATH": str(STAGE / "mutants" / "src"),
            "HYPOTHESIS_PROFILE": "mutate"}
     killed: list[str] = []
@@ -212,10 +232,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="print the scores of the last run without running again")
     parser.add_argument("--recheck", nargs="+", metavar="TEST",
                         help="run these work-tree tests against each survivor of the last run")
+    parser.add_argument("--deselect", action="append", default=[], metavar="TEST",
+                        help="leave this test (a pytest node id or file) out of the run")
+    parser.add_argument("--tests", nargs="+", metavar="PATH",
+                        help="run only these test files (default: tests/unit)")
     parser.add_argument("--only", default="", metavar="PREFIX",
                         help="with --recheck: only the survivors whose names start so")
     args = parser.parse_args(argv)
-    modules = args.modules or list(TARGETS)
+    modules = args.modules or [m for m in TARGETS if "-" not in m]
     unknown = set(modules) - set(TARGETS)
     if unknown:
         parser.error(f"unknown module(s) {sorted(unknown)}; choose from {list(TARGETS)}")
@@ -223,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         recheck(results(), modules, args.recheck, args.only)
         return 0
     if not args.report_only:
-        stage(modules)
+        stage(modules, args.deselect, args.tests)
         run(args.max_children)
     report(results())
     return 0

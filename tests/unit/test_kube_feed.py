@@ -464,3 +464,52 @@ def test_a_compact_record_keeps_what_the_operator_decides_from_and_shares_the_re
     born = [compact_lease(lease(n, {"phase": "Available", "generation": 0, "attempts": 0}))
             for n in ("c", "d")]
     assert born[0].status is born[1].status and born[0].status.epoch is None
+
+
+# -- issue 31 item 8: what mutation testing found unpinned ------------------------------------
+
+def test_an_event_without_a_version_or_not_an_object_keeps_the_resume_point(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The resume point moves only with a version the server gave: an empty or invented one
+    would resume the next watch from nothing (a re-list) or from garbage (an error)."""
+    api = ScriptedApi(lists=[listing(10, "a")],
+                      watches=[[{"type": "MODIFIED", "object": obj("a", 11)},
+                                {"type": "BOOKMARK", "object": {"metadata": {}}},
+                                {"type": "ADDED", "object": "not an object"}],
+                               []])
+    feed, sink = run(api)
+    assert [q["resourceVersion"] for k, q in api.sent if k == "watch"] == ["10", "11", "11"]
+    assert sink.calls == ["replace ['a'] @10", "MODIFIED a @11"]
+    assert feed.counts.unreadable == 1
+    assert "skipping an unreadable JobLease None (" in caplog.text
+
+
+def test_the_unreadable_objects_log_line_names_the_feed_the_object_and_the_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """What an operator greps for when a JobLease never reaches a pool."""
+    def decode(raw: dict[str, Any]) -> Observed:
+        if raw["metadata"]["name"] == "bad":
+            raise ValueError("generation is not a number")
+        return Observed.from_object(raw)
+
+    api = ScriptedApi(lists=[listing(10, "a", "bad")], watches=[])
+    run(api, decode=decode)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "JobLease feed ns/pool=a: skipping an unreadable JobLease 'bad' "
+        "(ValueError: generation is not a number)"]
+
+
+def test_the_refused_field_selectors_warning_names_it_and_the_servers_reason(
+        caplog: pytest.LogCaptureFixture) -> None:
+    refused = InvalidError(400, "BadRequest", "field label not supported: status.phase")
+    run(ScriptedApi(lists=[refused, listing(10, "a")], watches=[]))
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"the API server refuses the field selector {UNFINISHED!r} (field label not "
+        "supported: status.phase); filtering finished JobLeases on this side"]
+
+
+def test_every_410_is_counted() -> None:
+    api = ScriptedApi(lists=[listing(10, "a"), listing(20, "a"), listing(30, "a")],
+                      watches=[[gone_event()], GoneError(410, "Gone", "too old"), []])
+    feed, _ = run(api)
+    assert (feed.counts.gone, feed.counts.lists) == (2, 3)

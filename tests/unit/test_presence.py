@@ -10,6 +10,7 @@ once, without stopping claims.
 from __future__ import annotations
 
 import copy
+import hashlib
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -178,3 +179,57 @@ def test_pool_keys_and_record_names_are_valid_kubernetes_names() -> None:
     name = record_name(key, "system:serviceaccount:ns:w1")
     assert name.startswith("joblease-worker-") and len(name) == len("joblease-worker-") + 40
     assert name != record_name(key, "system:serviceaccount:ns:w2")
+
+
+# -- issue 31 item 8: what mutation testing found unpinned ------------------------------------
+
+def test_a_holders_latest_record_wins_whatever_the_order_and_a_bad_one_stops_nothing() -> None:
+    def spec(holder: str, renewed: str) -> dict[str, Any]:
+        return {"spec": {"holderIdentity": holder, "renewTime": f"2026-12-03T12:00:{renewed}Z",
+                         "leaseDurationSeconds": 15}}
+
+    items = [spec("w", "05.000000"), {"spec": {"holderIdentity": "x"}}, spec("w", "00.000000"),
+             spec("v", "01.000000")]
+    assert live_records(items) == {"w": datetime.fromisoformat("2026-12-03T12:00:20+00:00"),
+                                   "v": datetime.fromisoformat("2026-12-03T12:00:16+00:00")}
+
+
+def test_the_pool_of_every_joblease_has_the_label_of_the_empty_selector() -> None:
+    """The label is on the wire: every worker version must compute the same value for it."""
+    assert pool_key(None) == pool_key("") == hashlib.sha256(b"").hexdigest()[:32]
+
+
+def test_the_refusal_warning_says_whom_why_and_how_to_fix_it(
+        caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKubeApi()
+    refusal = ForbiddenError(403, "Forbidden", "cannot patch leases.coordination.k8s.io")
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise refusal
+
+    api._presence = forbidden  # type: ignore[method-assign]
+    drive(Presence("ns", "p=1", "w1").steps(Collect()),
+          SyncPort(LeaseStore(api)))  # type: ignore[arg-type]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        f"pool presence is off for 'w1' ({refusal}): workers learn of each other only from "
+        "the leases they hold; grant get/list/create/patch/delete on "
+        "leases.coordination.k8s.io to fix (docs/pools.md)"]
+
+
+def test_every_renewal_list_and_failure_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    api = FakeKubeApi()
+    real = api._presence
+    failures = iter([UnavailableError(0, "Unavailable", "reset")] * 2)
+
+    def flaky(*args: Any) -> Any:
+        err = next(failures, None)
+        if err is not None:
+            raise err
+        return real(*args)
+
+    monkeypatch.setattr(api, "_presence", flaky)
+    presence = Presence("ns", "p=1", "w1")
+    rounds(presence, api, 5)
+    assert presence.namespace == "ns"
+    assert (presence.counts.failures, presence.counts.renewals, presence.counts.lists) == (
+        2, 3, 3)
