@@ -176,9 +176,9 @@ class PoolRecorder:
 
     built: ClassVar[list[tuple[str | None, int]]] = []
 
-    def __init__(self, client: Any, selector: str | None, *, spread: int = DEFAULT_SPREAD
-                 ) -> None:
-        self.client, self.selector, self.spread = client, selector, spread
+    def __init__(self, client: Any, selector: str | None, *, spread: int = DEFAULT_SPREAD,
+                 slots: int | None = None) -> None:
+        self.client, self.selector, self.spread, self.slots = client, selector, spread, slots
         self.asked: list[tuple[Any, ...]] = []
         self.closed = False
         PoolRecorder.built.append((selector, spread))
@@ -217,7 +217,8 @@ def test_a_pool_is_built_for_the_selector_and_spread_asked(
     client = client_over(kind, Api())
     pool = client.pool("team=a", spread=4)
     assert (pool.client, pool.selector, pool.spread) == (client.real, "team=a", 4)
-    client.pool("team=b")
+    assert pool.slots is None  # announces no slots unless asked (issue 30: dispatched pools)
+    assert client.pool("team=b", slots=3).slots == 3
     assert pools == [("team=a", 4), ("team=b", DEFAULT_SPREAD)]
 
 
