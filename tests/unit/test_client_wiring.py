@@ -9,7 +9,7 @@ again after an explicit one), ``claim_next``'s holder, spread, timeout and
 the documented defaults (namespace ``default``, ``wait_claim``'s 60 s and 0.5 s,
 ``release()`` not counting an attempt). The pool and holding classes are replaced by
 recorders here: their own behaviour has its own tests (``test_pools.py``,
-``test_aio_hold.py``).
+``test_holdings.py``).
 """
 
 from __future__ import annotations
