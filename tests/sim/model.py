@@ -139,6 +139,11 @@ class ModelServer:
             if problem is not None:
                 raise ModelError(403, f"jobleases.joblease.dev \"{name}\" is forbidden: "
                                       f"ValidatingAdmissionPolicy holder-only: {problem}")
+        if self.admission and user == self.operator:
+            problem = dispatch_violation(user, obj, new)
+            if problem is not None:
+                raise ModelError(403, f"jobleases.joblease.dev \"{name}\" is forbidden: "
+                                      f"ValidatingAdmissionPolicy dispatch: {problem}")
         self.revision += 1
         obj["status"] = new
         obj["metadata"]["resourceVersion"] = str(self.revision)
@@ -337,8 +342,59 @@ def holder_only_violation(user: str, old_obj: dict[str, Any], new: dict[str, Any
         (not epoch_is_new
          or str(new["epoch"]) == old_obj["metadata"]["resourceVersion"],
          "status.epoch must be the resourceVersion the first claim read"),
+        *_dispatch_claim_id_rules(old, new, og, ng),
     ]
     return next((message for ok, message in rules if not ok), None)
+
+
+def _dispatch_claim_id_rules(old: dict[str, Any], new: dict[str, Any], og: int, ng: int
+                             ) -> list[tuple[bool, str]]:
+    """Issue 30's three holder-only rules on the claim id (a ``dispatch-`` claim is the
+    dispatcher's; an adopted one stays adopted), in the policy's order."""
+    old_id, new_id = old.get("claimId", ""), new.get("claimId", "")
+    adopted_kept = (
+        ng != og or not old_id.startswith("dispatch-")
+        or "acquireTime" not in old or "renewTime" not in old
+        or _same_instant(old["renewTime"], old["acquireTime"])
+        or ("acquireTime" in new and "renewTime" in new
+            and _same_instant(new["acquireTime"], old["acquireTime"])
+            and not _same_instant(new["renewTime"], new["acquireTime"])))
+    return [
+        (ng == og or not new_id.startswith("dispatch-"),
+         "a claim may not carry a dispatch- claim id: only the pool dispatcher writes those"),
+        (ng != og or new_id == old_id, "status.claimId changes only with a claim"),
+        (adopted_kept, "an adopted claim's renewTime and acquireTime may not be made equal "
+                       "again"),
+    ]
+
+
+def _same_instant(a: Any, b: Any) -> bool:
+    """CEL reads ``format: date-time`` fields as timestamps: equal instants are equal."""
+    try:
+        return parse_time(str(a)) == parse_time(str(b))
+    except ValueError:
+        return bool(a == b)
+
+
+def dispatch_violation(user: str, obj: dict[str, Any], new: dict[str, Any]) -> str | None:
+    """Whether the dispatch policy refuses the operator's status write (issue 30).
+
+    The operator may claim a JobLease for itself, for a pod (``pod:…``, delegation), or
+    for a ServiceAccount the lease's ``spec.dispatch`` opts in and names; no one else.
+    """
+    old = obj.get("status") or {}
+    if new.get("generation", 0) == old.get("generation", 0):
+        return None
+    holder = new.get("holder", "")
+    dispatch = (obj.get("spec") or {}).get("dispatch") or {}
+    namespace = obj["metadata"].get("namespace", "")
+    named = {f"system:serviceaccount:{namespace}:{n}"
+             for n in dispatch.get("serviceAccountNames") or []}
+    if holder == user or holder.startswith("pod:") or (
+            dispatch.get("enabled") and holder in named):
+        return None
+    return (f"the dispatcher may claim JobLease {obj['metadata'].get('name')} for {holder} "
+            "only if its spec.dispatch is enabled and names that ServiceAccount")
 
 
 def operator_pod_violation(old: dict[str, Any], new: dict[str, Any]) -> str | None:
