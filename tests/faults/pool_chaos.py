@@ -44,9 +44,6 @@ _TESTS_DIR = str(Path(__file__).resolve().parents[1])
 if _TESTS_DIR not in sys.path:  # `python -m tests.faults.pool_chaos` (make pool-chaos)
     sys.path.insert(0, _TESTS_DIR)
 
-from support.paths import REPO  # noqa: E402
-from support.waiting import retry, wait_for  # noqa: E402
-
 from joblease.core.claiming import REFUSED as CLAIM_REFUSED  # noqa: E402
 from joblease.core.dispatcher import PASS_OVER_SECONDS, Dispatcher  # noqa: E402
 from joblease.core.steps import SyncPort, drive  # noqa: E402
@@ -55,6 +52,8 @@ from joblease.domain.dispatch import Queued  # noqa: E402
 from joblease.domain.holder import ClaimDecider  # noqa: E402
 from joblease.domain.lease import dispatch_claim_id  # noqa: E402
 from joblease.kube.identity import new_claim_id  # noqa: E402
+from support.paths import REPO  # noqa: E402
+from support.waiting import retry, wait_for  # noqa: E402
 
 from .harness import FaultEnv, RunReport, judge  # noqa: E402
 from .history import OK, REFUSED, Op, Recorder, load  # noqa: E402

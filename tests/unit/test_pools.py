@@ -542,7 +542,7 @@ def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
     stop.set()  # the first Sleep ends the round at once
     with pytest.raises(Stopped):  # one round of another worker of the same pool
         drive(other.steps(type("Sink", (), {"workers": lambda self, live: None,
-                                          "dispatcher": lambda self, until: None})()),
+                                          "dispatcher": lambda self, until, count=None: None})()),
               SyncPort(LeaseStore(api), stop=stop))  # type: ignore[arg-type]
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
     assert pool.presence is None  # no holder named yet

@@ -24,9 +24,9 @@ All that is this module's own is how it waits and what runs where: threads and a
 condition, where ``joblease.aio.AsyncPool`` has tasks and an event. One thread runs the
 feed's scope (the engine says which: the whole pool, or, while a dispatcher lives, only
 this worker's jobs and those that did not opt in, ``joblease.core.scope``), with one
-``LeaseFeed`` thread per stream, and switches when the engine's wanted scope changes. Safety never rests on the
-cache: every claim is a compare-and-swap decided by the same protocol as
-``LeaseClient.claim``; a stale cache only costs a refused write.
+``LeaseFeed`` thread per stream, and switches when the engine's wanted scope changes.
+Safety never rests on the cache: every claim is a compare-and-swap decided by the same
+protocol as ``LeaseClient.claim``; a stale cache only costs a refused write.
 """
 
 from __future__ import annotations
