@@ -270,6 +270,7 @@ class Chaos:
     """What the chaos loop did."""
 
     kills: int = 0
+    killed_ns: dict[str, int] = field(default_factory=dict)  # worker name → when killed
     pauses: int = 0
     tree_pauses: int = 0
     log: list[str] = field(default_factory=list)  # what was done when (run_dir/chaos.log)
@@ -325,6 +326,7 @@ def chaos_loop(workers: PoolWorkers, rng: random.Random, plan: ChaosPlan,
             if workers.busy(index):
                 chaos.log.append(f"{time.monotonic_ns()} SIGKILL {workers.names[index]} "
                                  f"pid={workers.procs[index].pid}")
+                chaos.killed_ns[workers.names[index]] = time.monotonic_ns()
                 workers.kill(index)
                 chaos.kills += 1
                 time.sleep(rng.uniform(0.0, 0.5))
@@ -384,7 +386,7 @@ class RecordedDispatcher(Dispatcher):
     def _claim(self, queued: Queued, worker: str, margin: Any) -> None:
         """``Dispatcher._claim``, each write recorded as a claim for ``worker``."""
         job, rec = queued.job, self.recorder
-        op = rec.invoke("claim", job.name, holder=worker)
+        op = rec.invoke("claim", job.name, holder=worker, assign=True)
         decide = ClaimDecider(worker, margin, dispatch_claim_id(new_claim_id()),
                               reassign=queued.reassign)
         try:
@@ -504,7 +506,7 @@ def run_pool_chaos(env: FaultEnv, seed: int, plan: ChaosPlan) -> PoolReport:
     findings = pool_properties(ops, jobs, final, plan, _fence_rows(env.dsn, run))
     figures = _figures(ops, final, seconds)
     if dispatcher is not None:
-        figures.update(_dispatch_figures(ops, dispatcher))
+        figures.update(_dispatch_figures(ops, dispatcher, chaos.killed_ns))
     return PoolReport(seed, plan, report, chaos, final, codes, findings, figures)
 
 
@@ -545,17 +547,27 @@ def _figures(ops: list[Op], final: dict[str, dict[str, Any]], seconds: float
     }
 
 
-def _dispatch_figures(ops: list[Op], dispatcher: RecordedDispatcher) -> dict[str, Any]:
-    """The dispatcher's claims, and the fallback: its kill → the first claim a worker made
-    itself (a worker's own claims all go through ``LeaseClient.claim``; adoptions do not)."""
+def _dispatch_figures(ops: list[Op], dispatcher: RecordedDispatcher,
+                      kills: dict[str, int]) -> dict[str, Any]:
+    """The dispatcher's claims; the fallback: its kill → the first claim a worker made
+    itself (a worker's own claims all go through ``LeaseClient.claim``; adoptions do not);
+    a killed assignee: its kill → the claim that took its never-adopted job back."""
     ok = [o for o in ops if o.op == "claim" and o.ok]
     by_dispatcher = [o for o in ok if o.process == "dispatcher"]
     killed = dispatcher.killed_ns
     own_after = sorted(o.call_ns for o in ok if o.process != "dispatcher"
                        and killed is not None and o.call_ns >= killed)
     fallback = (own_after[0] - killed) / 1e9 if own_after and killed is not None else None
+    by_job: dict[str, list[Op]] = defaultdict(list)
+    for o in ops:
+        by_job[o.lease].append(o)
+    rerun = [(claim.ret_ns - kills[prev.args["holder"].rsplit(":", 1)[-1]]) / 1e9
+             for claim, prev, _ in _takeovers(ops)
+             if claim.ret_ns is not None and never_ran(prev, by_job[prev.lease])
+             and prev.args["holder"].rsplit(":", 1)[-1] in kills]
     return {"dispatched": len(by_dispatcher), "own_after_kill": len(own_after),
-            "fallback_s": fallback, "reassigned": dispatcher.counts.reassigned}
+            "fallback_s": fallback, "reassigned": dispatcher.counts.reassigned,
+            "killed_assignee_rerun_s": max(rerun, default=None)}
 
 
 # -- what a pool promises (issue 17, item 5) -------------------------------------------------
@@ -587,6 +599,19 @@ def _takeovers(ops: list[Op]) -> list[tuple[Op, Op, float]]:
     return found
 
 
+def never_ran(claim: Op, job_ops: list[Op]) -> bool:
+    """Whether ``claim`` was a dispatcher's assignment its holder never adopted (issue 30).
+
+    The holder adopts with a renewal before it runs anything; with no acknowledged renew,
+    complete or release of that generation by it, it ran nowhere (an unacknowledged one
+    that did land would have made the taking back's compare-and-swap fail).
+    """
+    gen = int(claim.result["generation"])
+    return bool(claim.args.get("assign")) and not any(
+        o.op in ("renew", "complete", "release") and o.ok and _gen_of(o) == gen
+        for o in job_ops)
+
+
 def _gen_of(o: Op) -> int:
     return int(o.result["generation"]) if o.op == "claim" else int(o.args["generation"])
 
@@ -611,7 +636,9 @@ def pool_properties(ops: list[Op], jobs: list[JobSpec], final: dict[str, dict[st
         _check_fence(job, st, fence, found["fence"])
         _check_attempts(job, st, found["max-attempts"])
         _check_failed_release_backoff(job, job_ops, initial_ms, found["backoff"])
-    for claim, _prev, until in _takeovers(ops):
+    for claim, prev, until in _takeovers(ops):
+        if never_ran(prev, by_job[prev.lease]):
+            continue  # an assignment never adopted: taken back with no attempt, no backoff
         if claim.server_hi is not None and claim.server_hi < until + initial_ms:
             found["backoff"].append(
                 f"{claim.lease}: generation {claim.result['generation']} claimed by server "

@@ -49,19 +49,27 @@ def test_pool_chaos_small_batch(fault_env: FaultEnv) -> None:
 def test_pool_chaos_with_the_dispatcher_killed_mid_drain(fault_env: FaultEnv) -> None:
     """Issue 30's done-when: the dispatcher killed mid-drain (its record left to lapse, 10 s),
     with workers killed and paused as above: the workers fall back to turns within 15 s,
-    every job ends once, no attempts overlap (both checkers), the history holds the
-    dispatcher's claims too."""
+    every job ends once, no attempts overlap (both checkers, which count a dispatcher's
+    claim as a window of its holder only from its adoption), a killed assignee's
+    never-adopted job is taken back without a backoff; the history holds the dispatcher's
+    claims too."""
     seed = _seed()
     print(f"seed={seed}")
     plan = ChaosPlan(jobs=30, workers=3, concurrency=2, chaos_seconds=12, timeout=90,
                      dispatch=True, kill_dispatcher_after=0.3)
     result = run_pool_chaos(fault_env, seed, plan)
     figures = result.figures
-    print({k: figures[k] for k in ("dispatched", "own_after_kill", "fallback_s", "reassigned")})
+    print({k: figures[k] for k in ("dispatched", "own_after_kill", "fallback_s", "reassigned",
+                                   "killed_assignee_rerun_s")})
     _assert_pool_promises(result)
     assert figures["dispatched"] > 0  # the dispatcher handed jobs out before its death
     assert figures["own_after_kill"] > 0 and figures["fallback_s"] is not None
+    # the bounds of the design, with a loaded machine's slack (the measured figures are
+    # printed; docs/pools.md has them): the record's 10 s lifetime + a list; an assignee's
+    # presence lapses 15 s after its last renewal, the dispatcher lists every second
     assert figures["fallback_s"] <= 15.0
+    rerun = figures["killed_assignee_rerun_s"]
+    assert rerun is None or rerun <= 15.0 + 1.0 + 4.0
 
 
 @pytest.mark.slow  # about 4 minutes on two shared CPUs: `make pool-chaos` runs the same
