@@ -52,10 +52,10 @@ def test_pool_chaos_with_the_dispatcher_killed_mid_drain(fault_env: FaultEnv) ->
     every job ends once, no attempts overlap (both checkers, which count a dispatcher's
     claim as a window of its holder only from its adoption), a killed assignee's
     never-adopted job is taken back without a backoff; the history holds the dispatcher's
-    claims too."""
+    claims too. About 45 s on two loaded CPUs."""
     seed = _seed()
     print(f"seed={seed}")
-    plan = ChaosPlan(jobs=30, workers=3, concurrency=2, chaos_seconds=12, timeout=90,
+    plan = ChaosPlan(jobs=24, workers=3, concurrency=2, chaos_seconds=10, timeout=90,
                      dispatch=True, kill_dispatcher_after=0.3)
     result = run_pool_chaos(fault_env, seed, plan)
     figures = result.figures
@@ -64,12 +64,10 @@ def test_pool_chaos_with_the_dispatcher_killed_mid_drain(fault_env: FaultEnv) ->
     _assert_pool_promises(result)
     assert figures["dispatched"] > 0  # the dispatcher handed jobs out before its death
     assert figures["own_after_kill"] > 0 and figures["fallback_s"] is not None
-    # the bounds of the design, with a loaded machine's slack (the measured figures are
-    # printed; docs/pools.md has them): the record's 10 s lifetime + a list; an assignee's
-    # presence lapses 15 s after its last renewal, the dispatcher lists every second
-    assert figures["fallback_s"] <= 15.0
-    rerun = figures["killed_assignee_rerun_s"]
-    assert rerun is None or rerun <= 15.0 + 1.0 + 4.0
+    assert figures["fallback_s"] <= 15.0  # the record's 10 s lifetime, then a list
+    # killed_assignee_rerun_s is printed, not asserted: here it also waits for the
+    # dispatcher's death to be noticed (tests/cluster/test_dispatch.py pins a dead
+    # assignee's job with a live dispatcher: given to another, no attempt counted)
 
 
 @pytest.mark.slow  # about 4 minutes on two shared CPUs: `make pool-chaos` runs the same
