@@ -8,7 +8,8 @@ narrow feed sees its own assignment and a job that did not opt in, and decodes *
 of another worker's jobs (``pool.events``, the engine's counter, against a worker that
 watches the whole pool); a job deleted and re-created while narrow; the dispatcher killed
 → the worker's view becomes the whole pool within the record's lifetime and it completes an
-opted-in job by turns → a new dispatcher → narrow again. The dispatcher's record lives 5 s
+opted-in job by turns → a new dispatcher → narrow again; ``until_empty`` while narrow
+ends on the dispatcher's published count, not on the worker's own part. The dispatcher's record lives 5 s
 here (:data:`RECORD_SECONDS`) and the workers list presence every 0.5 s.
 """
 
@@ -143,3 +144,26 @@ def test_the_dispatcher_killed_the_view_is_whole_again_and_narrow_once_it_is_bac
     held.complete("held across two switches")
     status = leases.get("held-across").status
     assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 1, 0)
+
+
+def test_a_narrow_worker_told_until_empty_stops_once_the_dispatcher_counts_none_left(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    """Its own view cannot tell (it holds only its part): the dispatcher's record does."""
+    w1 = worker(leases)
+    pool = open_pool(slots=1)
+    announced(pool, w1)
+    create(leases, "last", dispatch=OPT_IN)
+    create(leases, "someone-elses", dispatch={"enabled": True, "serviceAccountNames": ["w9"]})
+    dispatchers(record_seconds=RECORD_SECONDS)
+    narrow(pool, w1)
+    lease = pool.claim_next(w1, timeout=10, until_empty=True)
+    assert lease is not None and lease.name == "last"
+    lease.complete("done")
+    wait_for(lambda: pool.engine.pool_unfinished == 1, 10, "the dispatcher's count of 1")
+    assert pool.claim_next(w1, timeout=1, until_empty=True) is None  # the timeout, not empty
+    assert pool.unfinished() == 1  # w9's job, which this worker's view never shows
+    leases.store.delete_if_unchanged(leases.get("someone-elses"))
+    wait_for(lambda: pool.engine.pool_unfinished == 0, 10, "the dispatcher's count of 0")
+    assert pool.claim_next(w1, timeout=30, until_empty=True) is None and pool.unfinished() == 0
+    assert pool.scope == Scope(w1)
