@@ -9,8 +9,8 @@ of another worker's jobs (``pool.events``, the engine's counter, against a worke
 watches the whole pool); a job deleted and re-created while narrow; the dispatcher killed
 → the worker's view becomes the whole pool within the record's lifetime and it completes an
 opted-in job by turns → a new dispatcher → narrow again; ``until_empty`` while narrow
-ends on the dispatcher's published count, not on the worker's own part. The dispatcher's record lives 5 s
-here (:data:`RECORD_SECONDS`) and the workers list presence every 0.5 s.
+ends on the dispatcher's published count, not on the worker's own part. The dispatcher's
+record lives 5 s here (:data:`RECORD_SECONDS`) and the workers list presence every 0.5 s.
 """
 
 # ruff: noqa: F811  (the open_pool fixture is imported, then taken as an argument)
