@@ -20,6 +20,7 @@ from joblease.core.dispatcher import Dispatcher
 from joblease.core.presence import Presence
 from joblease.core.steps import SyncPort, drive
 from joblease.domain.lease import DISPATCH_CLAIM_PREFIX, Phase
+from joblease.kube.errors import InvalidError
 from joblease.sdk.client import LeaseClient
 from support.waiting import wait_for
 
@@ -149,3 +150,16 @@ def test_the_operator_dispatches_the_pools_it_is_told_to(
     assert lease is not None and lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
     lease.complete("done")
     pool.close()
+
+
+def test_a_job_may_name_as_many_service_accounts_as_a_pool_has_slots_and_no_more(
+        leases: LeaseClient) -> None:
+    """One ServiceAccount per worker identity (the holder-only rule): a pool of 20 workers
+    names 20, which the CRD's old limit of 16 refused (the pool benchmark's drain met it);
+    64, a presence record's slot cap, is the limit, and the 65th is refused by name."""
+    names = [f"w{i:02d}" for i in range(65)]
+    create(leases, "sixty-four", dispatch={"enabled": True, "serviceAccountNames": names[:64]})
+    assert len(leases.get("sixty-four").spec.dispatch_to or ()) == 64
+    with pytest.raises(InvalidError, match=r"serviceAccountNames: Too many: 65: must have at "
+                                           r"most 64 items"):
+        create(leases, "sixty-five", dispatch={"enabled": True, "serviceAccountNames": names})

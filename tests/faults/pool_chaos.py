@@ -118,7 +118,7 @@ def make_jobs(rng: random.Random, plan: ChaosPlan, run: str) -> list[JobSpec]:
 
 def dispatch_names(plan: ChaosPlan) -> list[str]:
     """The ServiceAccount names a dispatched batch's jobs name: every worker's first
-    incarnations (at most 16, the CRD's limit; a later one only takes turns)."""
+    incarnations, at most 16 (the CRD allows 64; a later incarnation only takes turns)."""
     rounds = max(1, 16 // plan.workers)
     return [f"w{i}.{r}" for r in range(rounds) for i in range(plan.workers)][:16]
 
