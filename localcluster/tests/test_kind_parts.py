@@ -77,3 +77,29 @@ def test_the_kind_parts_have_their_own_cache_folders() -> None:
                        f"cni-plugins-{build.CNI_PLUGINS_VERSION}"}
     # kubeadm and kube-proxy come from the same Kubernetes release as the control plane.
     assert build.bin_dir_for("kubeadm") == build.bin_dir_for("kube-apiserver")
+
+
+def test_kind_config_runs_the_local_control_planes_etcd() -> None:
+    patches = [yaml.safe_load(p) for p in kindrun.kind_config()["kubeadmConfigPatches"]]  # type: ignore[attr-defined]
+    cluster = [p for p in patches if p["kind"] == "ClusterConfiguration"]
+    assert cluster[0]["etcd"]["local"]["imageTag"] == build.ETCD_VERSION.lstrip("v") + "-0"
+
+
+KIND_CONTAINERD = """version = 2
+[plugins."io.containerd.grpc.v1.cri".containerd]
+  snapshotter = "overlayfs"
+[plugins."io.containerd.grpc.v1.cri"]
+  # use fixed sandbox image
+  sandbox_image = "registry.k8s.io/pause:3.10"
+  tolerate_missing_hugepages_controller = true
+  restrict_oom_score_adj = false
+"""
+
+
+def test_containerd_config_gets_our_pause_and_restricted_oom_scores() -> None:
+    out = kindnode.containerd_config(KIND_CONTAINERD, "registry.k8s.io/pause:3.10.2")
+    assert '  sandbox_image = "registry.k8s.io/pause:3.10.2"' in out.splitlines()
+    assert "  restrict_oom_score_adj = true" in out.splitlines()
+    assert "restrict_oom_score_adj = false" not in out
+    assert "# use fixed sandbox image" in out  # everything else kept
+    assert out.count("\n") == KIND_CONTAINERD.count("\n")

@@ -39,13 +39,15 @@ from pathlib import Path
 from joblease_localcluster import build, images
 from joblease_localcluster.process import ManagedProcess
 
+# bookworm, not kind's trixie: trixie's systemd (257) refuses to boot on a cgroup v1 host,
+# and this machine and CI's are cgroup v1 (bookworm's systemd 252 boots there).
 NODE_SUITE = "bookworm"
-# What kind's images/base/Dockerfile installs with apt (v0.33.0), plus Debian's runc (the
-# module's runc lacks seccomp without cgo) and procps (ps, for debugging a node).
+# What kind v0.33.0's images/base/Dockerfile installs with apt, plus Debian's runc (kind
+# builds runc with cgo + libseccomp; the module's runc without cgo lacks seccomp).
 NODE_PACKAGES = (
     "systemd", "conntrack", "iptables", "nftables", "iproute2", "ethtool", "util-linux",
-    "mount", "kmod", "libseccomp2", "pigz", "fuse-overlayfs", "nfs-common", "socat",
-    "curl", "ca-certificates", "rsync", "bash", "runc", "procps",
+    "mount", "kmod", "libseccomp2", "pigz", "fuse-overlayfs", "nfs-common", "open-iscsi",
+    "e2fsprogs", "bash", "ca-certificates", "curl", "jq", "procps", "runc",
 )
 NODE_IMAGE_REPO = "localhost/joblease-kind-node"
 # The pod network when kindnetd's image is not made: the bridge plugin, one node.
@@ -68,6 +70,8 @@ NODE_BINARIES = {
     **{plugin: "opt/cni/bin" for plugin in build.CNI_PLUGINS},
 }
 CONTROL_PLANE_IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+# The etcd image's tag: the release the local control plane runs, in kubeadm's form.
+ETCD_TAG = build.ETCD_VERSION.lstrip("v") + "-0"
 
 
 class PartMissing(RuntimeError):  # noqa: N818 - reads as the sentence it reports
@@ -273,7 +277,7 @@ class NodeImage:
 
 
 def _copy_base_files(module: Path, rootfs: Path) -> None:
-    """Copy kind's images/base/files into the root filesystem (scripts 0755, configs 0644)."""
+    """Copy kind's images/base/files into the root filesystem, with the Dockerfile's modes."""
     files = module / "images" / "base" / "files"
     for source in sorted(p for p in files.rglob("*") if p.is_file()):
         rel = source.relative_to(files)
@@ -282,6 +286,25 @@ def _copy_base_files(module: Path, rootfs: Path) -> None:
         shutil.copyfile(source, target)
         target.chmod(0o755 if rel.parts[:3] == ("usr", "local", "bin") or
                      rel.parts[:2] == ("kind", "bin") else 0o644)
+    for folder in (rootfs / "kind", rootfs / "kind" / "bin"):
+        folder.chmod(0o755)
+
+
+def _cri_base_spec(ctr: Path, rootfs: Path) -> None:
+    """Write /etc/containerd/cri-base.json as kind's Dockerfile does (``ctr oci spec`` + jq).
+
+    The product-files hook makes each pod see its own product_uuid; rlimits are dropped so
+    containers inherit the node's (setting them needs CAP_SYS_RESOURCE, which is missing).
+    """
+    out = subprocess.run([str(ctr), "oci", "spec"], capture_output=True, text=True,
+                         check=False, timeout=60)
+    if out.returncode != 0:
+        raise PartMissing("cri-base.json", f"ctr oci spec failed: {out.stderr}")
+    spec = json.loads(out.stdout)
+    hooks = spec.setdefault("hooks", {}).setdefault("createContainer", [])
+    hooks.append({"path": "/kind/bin/mount-product-files.sh"})
+    spec.get("process", {}).pop("rlimits", None)
+    (rootfs / "etc" / "containerd" / "cri-base.json").write_text(json.dumps(spec, indent=2))
 
 
 def _chroot(rootfs: Path, *argv: str) -> None:
@@ -305,10 +328,12 @@ def _systemd_as_kind_does(rootfs: Path) -> None:
     with (rootfs / "etc" / "systemd" / "journald.conf").open("a") as conf:
         conf.write("ReadKMsg=no\n")
     init = rootfs / "sbin" / "init"
-    if not init.exists():
-        init.symlink_to("/lib/systemd/systemd")
+    if not init.is_symlink() and not init.exists():
+        init.symlink_to("/usr/lib/systemd/systemd")
     (rootfs / "etc" / "kubernetes" / "manifests").mkdir(parents=True, exist_ok=True)
-    _chroot(rootfs, "systemctl", "enable", "kubelet.service", "containerd.service")
+    _chroot(rootfs, "systemctl", "enable", "kubelet.service", "containerd.service",
+            "undo-mount-hacks.service")
+    _chroot(rootfs, "systemctl", "mask", "systemd-binfmt.service")
 
 
 def _install_binaries(rootfs: Path, binaries: dict[str, Path]) -> None:
@@ -326,19 +351,28 @@ def _pod_network(rootfs: Path) -> None:
     (net_d / "10-bridge.conflist").write_text(json.dumps(BRIDGE_CONFLIST, indent=2) + "\n")
 
 
-def _sandbox_image(rootfs: Path, pause: str) -> None:
-    """Point containerd's CRI at our pause image (kind's build does the same rewrite)."""
-    config = rootfs / "etc" / "containerd" / "config.toml"
-    text = config.read_text()
+def containerd_config(text: str, pause: str) -> str:
+    """Return kind's containerd config with our pause image and ``restrict_oom_score_adj``.
+
+    kind's build rewrites the sandbox image the same way. ``restrict_oom_score_adj = true``:
+    the node container has no ``CAP_SYS_RESOURCE`` (the docker shim drops it), so, as on
+    the real node, containerd must not try to lower a container's OOM score below its own.
+    """
     lines = []
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith(("sandbox_image", "sandbox =")):
-            indent = line[:len(line) - len(line.lstrip())]
-            key = stripped.split("=", 1)[0].strip()
-            line = f'{indent}{key} = "{pause}"'
+        indent = line[:len(line) - len(line.lstrip())]
+        if stripped.startswith("sandbox_image"):
+            line = f'{indent}sandbox_image = "{pause}"'
+        elif stripped.startswith("restrict_oom_score_adj"):
+            line = f"{indent}restrict_oom_score_adj = true"
         lines.append(line)
-    config.write_text("\n".join(lines) + "\n")
+    return "\n".join(lines) + "\n"
+
+
+def _containerd_config(rootfs: Path, pause: str) -> None:
+    config = rootfs / "etc" / "containerd" / "config.toml"
+    config.write_text(containerd_config(config.read_text(), pause))
 
 
 def component_images(binaries: dict[str, Path], required: list[str], rootfs_layer: Path
@@ -352,12 +386,11 @@ def component_images(binaries: dict[str, Path], required: list[str], rootfs_laye
     made.append(binary_image(image_for(required, "kube-proxy"),
                              {"usr/local/bin/kube-proxy": binaries["kube-proxy"]}, {},
                              base_layers=[rootfs_layer]))
-    etcd_ref = image_for(required, "etcd")
-    etcd_tag = etcd_ref.rsplit(":", 1)[1]
-    if not etcd_tag.startswith(build.ETCD_VERSION.lstrip("v")):
-        raise PartMissing("etcd", f"kubeadm wants {etcd_ref}; the cache builds etcd "
-                                  f"{build.ETCD_VERSION} (set the kind config's etcd imageTag)")
-    made.append(binary_image(etcd_ref, {"usr/local/bin/etcd": binaries["etcd"]}, {}))
+    # kubeadm v1.37 names etcd 3.7.0; the local control plane (and so the suite) runs
+    # build.ETCD_VERSION, which kubeadm supports: the kind config sets its tag (ETCD_TAG).
+    etcd_repo = image_for(required, "etcd").rsplit(":", 1)[0]
+    made.append(binary_image(f"{etcd_repo}:{ETCD_TAG}",
+                             {"usr/local/bin/etcd": binaries["etcd"]}, {}))
     pause = image_for(required, "pause")
     made.append(pause_image(pause))
     return made
@@ -412,7 +445,8 @@ def node_image(progress: build.Progress | None = None) -> NodeImage:
             _install_binaries(rootfs, binaries)
             _systemd_as_kind_does(rootfs)
             _pod_network(rootfs)
-            _sandbox_image(rootfs, image_for(required, "pause"))
+            _containerd_config(rootfs, image_for(required, "pause"))
+            _cri_base_spec(binaries["ctr"], rootfs)
             (rootfs / "kind").mkdir(exist_ok=True)
             (rootfs / "kind" / "version").write_text(build.KUBERNETES_VERSION + "\n")
         import_into_store(rootfs / "var" / "lib" / "containerd", archives, progress)

@@ -39,10 +39,13 @@ def kind_config() -> dict[str, object]:
     """The kind cluster: one node, cgroup v1 kept, kind's CNI off (the image has bridge)."""
     kubelet = {"kind": "KubeletConfiguration", "apiVersion": "kubelet.config.k8s.io/v1beta1",
                "failCgroupV1": False}
+    # The etcd release the local control plane runs (kubeadm's default is newer).
+    cluster = {"kind": "ClusterConfiguration",
+               "etcd": {"local": {"imageTag": kindnode.ETCD_TAG}}}
     return {"kind": "Cluster", "apiVersion": "kind.x-k8s.io/v1alpha4",
             "networking": {"disableDefaultCNI": True, "podSubnet": kindnode.POD_SUBNET},
             "nodes": [{"role": "control-plane"}],
-            "kubeadmConfigPatches": [yaml.safe_dump(kubelet)]}
+            "kubeadmConfigPatches": [yaml.safe_dump(kubelet), yaml.safe_dump(cluster)]}
 
 
 def _kind_env(engine: dockerd.DockerEngine, shim_dir: Path) -> dict[str, str]:
