@@ -52,8 +52,15 @@ def test_an_options_value_that_reads_privileged_is_not_rewritten() -> None:
     assert rewrite(argv) == argv
 
 
+def test_exec_loses_privileged_and_keeps_the_command() -> None:
+    # kind runs every command in a node as `docker exec --privileged`; runc would ask for
+    # CAP_SYS_RESOURCE again. The command's own arguments stay as they are.
+    argv = ["exec", "--privileged", "-i", "-e", "A=B", "node", "sh", "-c", "x", "--privileged"]
+    assert rewrite(argv) == ["exec", "-i", "-e", "A=B", "node", "sh", "-c", "x", "--privileged"]
+
+
 def test_other_subcommands_pass_through_untouched() -> None:
-    for argv in (["exec", "--privileged", "node", "sh"], ["inspect", "--privileged"],
+    for argv in (["inspect", "--privileged"],
                  ["ps", "-a"], [], ["--version"]):
         assert rewrite(argv) == argv
 

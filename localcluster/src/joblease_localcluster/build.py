@@ -45,6 +45,8 @@ PROMETHEUS_RELEASE = "3.16.0"
 KIND_VERSION = "v0.33.0"
 CRI_TOOLS_VERSION = "v1.37.0"
 CNI_PLUGINS_VERSION = "v1.10.0"
+# The CoreDNS release kubeadm v1.37.2 deploys (cmd/kubeadm/app/constants: CoreDNSVersion).
+COREDNS_VERSION = "v1.14.6"
 
 # The real node's runtime: built together from one module, cached in one folder.
 CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
@@ -121,6 +123,8 @@ def bin_dir_for(component: str) -> Path:
         return cache_dir() / "bin" / f"kind-{KIND_VERSION}"
     if component == "crictl":
         return cache_dir() / "bin" / f"cri-tools-{CRI_TOOLS_VERSION}"
+    if component == "coredns":
+        return cache_dir() / "bin" / f"coredns-{COREDNS_VERSION}"
     if component in CNI_PLUGINS:
         return cache_dir() / "bin" / f"cni-plugins-{CNI_PLUGINS_VERSION}"
     return cache_dir() / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
@@ -249,7 +253,8 @@ def _build_missing(missing: list[str], found: dict[str, Path], progress: Progres
         found["etcd"] = _build_etcd(progress)
     for tool, module in (("kwok", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"),
                          ("helm", f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"),
-                         ("crictl", f"sigs.k8s.io/cri-tools/cmd/crictl@{CRI_TOOLS_VERSION}")):
+                         ("crictl", f"sigs.k8s.io/cri-tools/cmd/crictl@{CRI_TOOLS_VERSION}"),
+                         ("coredns", f"github.com/coredns/coredns@{COREDNS_VERSION}")):
         if tool in missing:
             found[tool] = _go_install(tool, module, progress)
     if "promtool" in missing:

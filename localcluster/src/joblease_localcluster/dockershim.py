@@ -9,7 +9,9 @@ the ``docker`` command it finds on ``PATH``, so a folder holding this shim put f
 ``PATH`` changes kind's containers and nothing else.
 
 Only the options of ``docker run`` / ``docker create`` (and their ``docker container``
-forms) are rewritten, and only before the image name: an argument of the container's own
+forms) are rewritten, and ``docker exec --privileged`` (kind's every command in a node)
+loses the flag, which asks runc for the same missing capability; only before the image
+or container name: an argument of the container's own
 command that happens to read ``--privileged`` is passed through untouched. Everything
 else is handed to the real ``docker`` unchanged (``exec``: same PID, same exit code).
 """
@@ -23,10 +25,12 @@ from pathlib import Path
 
 # What --privileged is replaced with. systempaths=unconfined: no masked /proc paths and a
 # writable /proc/sys, as --privileged gives (the kubelet and kube-proxy write sysctls).
+# /dev/kmsg: --privileged passes every host device; the kubelet refuses to start without
+# this one ("failed to create kubelet: open /dev/kmsg: no such file or directory").
 PRIVILEGED_REPLACEMENT = (
     "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
     "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-    "--security-opt", "systempaths=unconfined",
+    "--security-opt", "systempaths=unconfined", "--device", "/dev/kmsg",
 )
 # Options of `docker run`/`create` that take no value: every other `--name` without `=`
 # (and every other short option) consumes the next argument.
@@ -75,14 +79,18 @@ def _subcommand_index(argv: Sequence[str]) -> int:
 def rewrite(argv: Sequence[str]) -> list[str]:
     """Return ``argv`` (docker's arguments, without ``docker``) with ``--privileged`` replaced.
 
-    Only in ``run``/``create`` options before the image; ``--privileged=false`` is dropped.
+    Only in ``run``/``create`` options before the image (``exec``: dropped, before the
+    container's name); ``--privileged=false`` is dropped.
     """
     args = list(argv)
     i = _subcommand_index(args)
     if i < len(args) and args[i] == "container":
         i += 1
-    if i >= len(args) or args[i] not in ("run", "create"):
+    if i >= len(args) or args[i] not in ("run", "create", "exec"):
         return args
+    # `exec` cannot take capabilities: without --privileged it gets the container's own
+    # set (here ALL but SYS_RESOURCE), which is what kind's `exec --privileged` wants.
+    replacement = () if args[i] == "exec" else PRIVILEGED_REPLACEMENT
     out, i = args[:i + 1], i + 1
     while i < len(args):
         arg = args[i]
@@ -90,7 +98,7 @@ def rewrite(argv: Sequence[str]) -> list[str]:
             return out + args[i:]  # the image and the container's command: untouched
         privileged = _is_privileged(arg)
         if privileged is not None:
-            out += PRIVILEGED_REPLACEMENT if privileged else ()
+            out += replacement if privileged else ()
             i += 1
             continue
         if _takes_value(arg) and i + 1 < len(args):

@@ -69,6 +69,21 @@ NODE_BINARIES = {
     "kubeadm": "usr/bin", "kubelet": "usr/bin", "kubectl": "usr/bin",
     **{plugin: "opt/cni/bin" for plugin in build.CNI_PLUGINS},
 }
+# The image's entrypoint, in front of kind's. Without --privileged (the docker shim) docker
+# mounts the cgroup v1 hierarchies read-only, and kind's entrypoint then fails at once
+# ("mkdir: cannot create directory '/sys/fs/cgroup/cpu//kubelet': Read-only file system").
+# A bind remount makes each writable (a plain `remount,rw` answers "mount point is busy").
+ENTRYPOINT_WRAPPER = """#!/bin/sh
+# joblease (docs/kind.md): the cgroup mounts writable, as --privileged would leave them.
+set -eu
+if [ ! -f /sys/fs/cgroup/cgroup.controllers ]; then
+  for hierarchy in /sys/fs/cgroup/*/; do
+    mount -o remount,bind,rw "$hierarchy"
+  done
+fi
+exec "$@"
+"""
+ENTRYPOINT = ["/usr/local/bin/joblease-cgroup-rw", "/usr/local/bin/entrypoint", "/sbin/init"]
 CONTROL_PLANE_IMAGES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
 # The etcd image's tag: the release the local control plane runs, in kubeadm's form.
 ETCD_TAG = build.ETCD_VERSION.lstrip("v") + "-0"
@@ -393,6 +408,10 @@ def component_images(binaries: dict[str, Path], required: list[str], rootfs_laye
                              {"usr/local/bin/etcd": binaries["etcd"]}, {}))
     pause = image_for(required, "pause")
     made.append(pause_image(pause))
+    coredns = build.find_binary("coredns")
+    if coredns is not None:  # upstream's image: the binary at /coredns, its entrypoint
+        made.append(binary_image(image_for(required, "coredns"), {"coredns": coredns},
+                                 {"Entrypoint": ["/coredns"]}))
     return made
 
 
@@ -427,8 +446,10 @@ def node_image(progress: build.Progress | None = None) -> NodeImage:
     module = kind_module()
     required = kubeadm_images(binaries["kubeadm"])
     progress.line("kubeadm needs: " + ", ".join(required))
+    with_coredns = build.find_binary("coredns") is not None
     key = hashlib.sha256(json.dumps([required, sorted(NODE_PACKAGES), build.KIND_VERSION,
-                                     BRIDGE_CONFLIST]).encode()).hexdigest()[:10]
+                                     BRIDGE_CONFLIST, with_coredns, ENTRYPOINT_WRAPPER]
+                                    ).encode()).hexdigest()[:10]
     name = f"{NODE_IMAGE_REPO}:{build.KUBERNETES_VERSION}-{key}"
     out = kind_dir() / f"node-{build.KUBERNETES_VERSION}-{key}.tar"
     if out.is_file():
@@ -447,6 +468,9 @@ def node_image(progress: build.Progress | None = None) -> NodeImage:
             _pod_network(rootfs)
             _containerd_config(rootfs, image_for(required, "pause"))
             _cri_base_spec(binaries["ctr"], rootfs)
+            wrapper = rootfs / ENTRYPOINT[0].lstrip("/")
+            wrapper.write_text(ENTRYPOINT_WRAPPER)
+            wrapper.chmod(0o755)
             (rootfs / "kind").mkdir(exist_ok=True)
             (rootfs / "kind" / "version").write_text(build.KUBERNETES_VERSION + "\n")
         import_into_store(rootfs / "var" / "lib" / "containerd", archives, progress)
@@ -456,7 +480,7 @@ def node_image(progress: build.Progress | None = None) -> NodeImage:
                             "-C", str(rootfs), "-cf", str(layer), "."], check=True,
                            timeout=1200)
             write_archive(name, [layer], {
-                "Entrypoint": ["/usr/local/bin/entrypoint", "/sbin/init"],
+                "Entrypoint": ENTRYPOINT,
                 "Env": ["container=docker",
                         "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
                 "StopSignal": "SIGRTMIN+3"}, out)
