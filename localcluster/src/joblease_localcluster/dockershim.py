@@ -27,10 +27,14 @@ from pathlib import Path
 # writable /proc/sys, as --privileged gives (the kubelet and kube-proxy write sysctls).
 # /dev/kmsg: --privileged passes every host device; the kubelet refuses to start without
 # this one ("failed to create kubelet: open /dev/kmsg: no such file or directory").
+# The device rule: a privileged pod in the node (kube-proxy) asks its cgroup v1 devices
+# controller for every device, which a parent without "a *:* rwm" refuses ("failed to
+# write "a *:* rwm": ... devices.allow: operation not permitted").
 PRIVILEGED_REPLACEMENT = (
     "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
     "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
     "--security-opt", "systempaths=unconfined", "--device", "/dev/kmsg",
+    "--device-cgroup-rule", "a *:* rwm",
 )
 # Options of `docker run`/`create` that take no value: every other `--name` without `=`
 # (and every other short option) consumes the next argument.

@@ -140,8 +140,11 @@ def binary_layer(files: dict[str, Path], layer: Path) -> None:
 
 def write_archive(name: str, layers: Sequence[Path], config: dict[str, object], out: Path
                   ) -> None:
-    """Write a docker-archive of ``layers`` (bottom first) that ``docker load`` and
-    ``ctr images import`` both read."""
+    """Write a docker-archive of ``layers`` (bottom first).
+
+    Both ``docker load`` (the node image) and ``ctr images import`` (the images inside it)
+    read this format, so one writer serves both.
+    """
     diff_ids = [f"sha256:{images._sha256(layer)}" for layer in layers]
     image_config = {"architecture": "amd64", "os": "linux", "config": config,
                     "rootfs": {"type": "layers", "diff_ids": diff_ids}}
@@ -410,6 +413,7 @@ def component_images(binaries: dict[str, Path], required: list[str], rootfs_laye
     made.append(pause_image(pause))
     coredns = build.find_binary("coredns")
     if coredns is not None:  # upstream's image: the binary at /coredns, its entrypoint
+        # (node_image builds it first; without it kubeadm's DNS Deployment cannot start)
         made.append(binary_image(image_for(required, "coredns"), {"coredns": coredns},
                                  {"Entrypoint": ["/coredns"]}))
     return made
@@ -441,7 +445,7 @@ def node_image(progress: build.Progress | None = None) -> NodeImage:
     progress = progress or build.Progress()
     began = time.monotonic()
     wanted = [*NODE_BINARIES, "kube-apiserver", "kube-controller-manager", "kube-scheduler",
-              "kube-proxy", "etcd"]
+              "kube-proxy", "etcd", "coredns"]
     binaries = build.ensure_binaries(wanted, progress)
     module = kind_module()
     required = kubeadm_images(binaries["kubeadm"])
