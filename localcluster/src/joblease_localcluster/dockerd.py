@@ -24,17 +24,21 @@ containerd), never by name.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from pathlib import Path
 
 from joblease_localcluster import build
+from joblease_localcluster.node import _cgroup_hierarchies, mounts_under
 from joblease_localcluster.process import ManagedProcess
 
 DOCKERD = Path("/usr/sbin/dockerd")
 DOCKER = Path("/usr/bin/docker")
 # The flags that keep the host's network as it is (see the module docstring).
 NETWORK_FLAGS = ("--iptables=false", "--ip-masq=false", "--ip-forward=false", "--bridge=none")
+CGROUP_PARENT = "/joblease-docker"
+KIND_NETWORK = "kind"
 
 
 class DockerUnavailableError(RuntimeError):
@@ -52,7 +56,7 @@ def dockerd_argv(folder: Path) -> list[str]:
             "--data-root", str(folder / "root"), "--exec-root", str(folder / "run"),
             "--pidfile", str(folder / "dockerd.pid"), "--config-file", str(folder / "daemon.json"),
             "--storage-driver", "overlay2", "--exec-opt", "native.cgroupdriver=cgroupfs",
-            "--cgroup-parent", "/joblease-docker", *NETWORK_FLAGS]
+            "--cgroup-parent", CGROUP_PARENT, *NETWORK_FLAGS]
 
 
 class DockerEngine:
@@ -102,10 +106,30 @@ class DockerEngine:
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
         self.process.start()
 
-    def stop(self) -> None:
-        """Stop dockerd by the PID we started (it stops its containers and containerd)."""
-        if self.process is not None:
+    def stop(self) -> list[str]:
+        """Stop dockerd by the PID we started; remove what it leaves; return what is left.
+
+        dockerd stops its containers and its containerd, but leaves kind's network bridge
+        (a ``br-…`` link on the host), the bind mount of the host's network namespace in
+        its exec root, and its empty ``--cgroup-parent`` folders (all measured here).
+        """
+        if self.process is not None and self.process.running():
+            self.docker("network", "rm", KIND_NETWORK, timeout=60)
             self.process.stop()
+        for point in mounts_under(self.dir / "run"):
+            subprocess.run(["umount", point], capture_output=True, check=False, timeout=30)
+        for hierarchy in _cgroup_hierarchies():
+            with contextlib.suppress(OSError):
+                (hierarchy / CGROUP_PARENT.lstrip("/")).rmdir()
+        return self.leftovers()
+
+    def leftovers(self) -> list[str]:
+        """Mounts below the exec root and cgroup folders of ours that still exist."""
+        left = [f"mount {m}" for m in mounts_under(self.dir / "run")] \
+            if (self.dir / "run").exists() else []
+        left += [f"cgroup {h / CGROUP_PARENT.lstrip('/')}" for h in _cgroup_hierarchies()
+                 if (h / CGROUP_PARENT.lstrip("/")).exists()]
+        return left
 
 
 __all__ = ["DOCKER", "DOCKERD", "NETWORK_FLAGS", "DockerEngine", "DockerUnavailableError",

@@ -84,7 +84,9 @@ def run(keep: bool = False) -> int:
     try:
         return _with_engine(engine, kind, image, progress, keep, started)
     finally:
-        engine.stop()
+        left = engine.stop()
+        if left:
+            print(f"e2e-kind: dockerd stopped; left behind: {', '.join(left)}", file=sys.stderr)
 
 
 def _with_engine(engine: dockerd.DockerEngine, kind: Path, image: kindnode.NodeImage,
