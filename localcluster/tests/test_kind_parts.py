@@ -103,3 +103,15 @@ def test_containerd_config_gets_our_pause_and_restricted_oom_scores() -> None:
     assert "restrict_oom_score_adj = false" not in out
     assert "# use fixed sandbox image" in out  # everything else kept
     assert out.count("\n") == KIND_CONTAINERD.count("\n")
+
+
+def test_kindrun_finds_the_repositorys_dockerfile_and_chart() -> None:
+    # The operator image and the chart come from the checkout that holds this package.
+    assert (kindrun.REPO / "Dockerfile").is_file()
+    assert (kindrun.REPO / "charts" / "joblease-operator" / "Chart.yaml").is_file()
+
+
+def test_the_run_never_reports_success_while_steps_are_missing() -> None:
+    # make e2e-kind exits 3 naming the missing steps until issue 32's journeys exist.
+    assert kindrun._fail("after the chart", kindrun.NOT_DONE) == 3
+    assert "journeys" in kindrun.NOT_DONE
