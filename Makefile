@@ -60,7 +60,7 @@ lint: setup
 
 e2e-kind: setup ## kind offline (issue 32, docs/kind.md): dockerd, kind and its node image built here; fails naming the first missing part
 	.ci/os-packages kind
-	$(BIN)/python -m joblease_localcluster.kindrun
+	$(BIN)/python -m joblease_localcluster.kindrun --pytest "$${E2E_KIND_PYTEST:-}"
 
 soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 	$(BIN)/python -m tests.faults.soak --runs $${SOAK_RUNS:-200}

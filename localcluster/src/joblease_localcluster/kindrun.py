@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -66,7 +67,7 @@ def _fail(step: str, detail: str) -> int:
     return 3
 
 
-def run(keep: bool = False) -> int:
+def run(keep: bool = False, pytest_args: list[str] | None = None) -> int:
     """Run the steps; return 0 only when all of issue 32's steps passed (not yet)."""
     progress = build.Progress()
     started = time.monotonic()
@@ -82,7 +83,7 @@ def run(keep: bool = False) -> int:
     except Exception as err:  # the failure is the report
         return _fail("dockerd", str(err))
     try:
-        return _with_engine(engine, kind, image, progress, keep, started)
+        return _with_engine(engine, kind, image, progress, keep, started, pytest_args or [])
     finally:
         left = engine.stop()
         if left:
@@ -90,7 +91,8 @@ def run(keep: bool = False) -> int:
 
 
 def _with_engine(engine: dockerd.DockerEngine, kind: Path, image: kindnode.NodeImage,
-                 progress: build.Progress, keep: bool, started: float) -> int:
+                 progress: build.Progress, keep: bool, started: float,
+                 pytest_args: list[str]) -> int:
     if engine.docker("image", "inspect", image.name).returncode != 0:
         with progress.step(f"docker load {image.name}"):
             loaded = engine.docker("load", "-i", str(image.archive), timeout=1200)
@@ -119,6 +121,10 @@ def _with_engine(engine: dockerd.DockerEngine, kind: Path, image: kindnode.NodeI
             failed = check(Tools(kind, engine, env, kubeconfig, progress))
             if failed:
                 return _fail(step, failed)
+        if pytest_args:
+            failed = _cluster_tests(kubeconfig, pytest_args, progress)
+            if failed:
+                return _fail("the cluster tests on kind", failed)
         progress.line(f"e2e-kind: all built steps passed after {time.monotonic() - started:.0f}s")
         return _fail("after the chart", NOT_DONE)
     finally:
@@ -142,6 +148,17 @@ class Tools:
         kubectl = build.ensure_binaries(["kubectl"], self.progress)["kubectl"]
         return subprocess.run([str(kubectl), "--kubeconfig", str(self.kubeconfig), *args],
                               capture_output=True, text=True, check=False, timeout=timeout)
+
+
+def _cluster_tests(kubeconfig: Path, pytest_args: list[str], progress: build.Progress) -> str:
+    """Run pytest with ``JOBLEASE_E2E_KUBECONFIG`` on the kind cluster; '' or the tail."""
+    with progress.step(f"pytest {' '.join(pytest_args)} on kind (JOBLEASE_E2E_KUBECONFIG)"):
+        out = subprocess.run([sys.executable, "-m", "pytest", *pytest_args], cwd=REPO,
+                             env={**os.environ, "JOBLEASE_E2E_KUBECONFIG": str(kubeconfig)},
+                             capture_output=True, text=True, check=False, timeout=7200)
+    tail = out.stdout.strip().splitlines()[-1:] or [""]
+    progress.line(f"pytest on kind: {tail[0]}")
+    return "" if out.returncode == 0 else out.stdout[-3000:]
 
 
 def _system_pods_ready(tools: Tools) -> str:
@@ -229,8 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m joblease_localcluster.kindrun")
     parser.add_argument("--keep", action="store_true",
                         help="keep the kind cluster (dockerd is stopped all the same)")
+    parser.add_argument("--pytest", default="",
+                        help="also run pytest with these arguments on the kind cluster "
+                             "(JOBLEASE_E2E_KUBECONFIG), e.g. \"tests/cluster/test_protocol.py\"")
     args = parser.parse_args(argv)
-    return run(keep=args.keep)
+    return run(keep=args.keep, pytest_args=shlex.split(args.pytest))
 
 
 if __name__ == "__main__":
