@@ -10,7 +10,7 @@ LC        := $(BIN)/joblease-localcluster
 LINTED    := operator localcluster tests e2e bench
 
 .PHONY: setup binaries control-plane demo test unit lint bench bench-scale soak pool-chaos clean-cache help sync-crds sim mutate \
-        os-packages-demo os-packages-test
+        os-packages-demo os-packages-test e2e-kind
 
 help:
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -57,6 +57,10 @@ lint: setup
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+e2e-kind: setup ## kind offline (issue 32, docs/kind.md): dockerd, kind and its node image built here; fails naming the first missing part
+	.ci/os-packages kind
+	$(BIN)/python -m joblease_localcluster.kindrun --pytest "$${E2E_KIND_PYTEST:-}"
 
 soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 	$(BIN)/python -m tests.faults.soak --runs $${SOAK_RUNS:-200}

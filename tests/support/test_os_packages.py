@@ -83,6 +83,16 @@ def test_the_demo_needs_only_its_own_packages(tmp_path: Path) -> None:
         "sudo apt-get install -y --no-install-recommends openssl")
 
 
+def test_kind_needs_the_container_engine_and_not_the_test_servers(tmp_path: Path) -> None:
+    # kind's target: Debian's docker.io (dockerd) on top of the image tools; PostgreSQL,
+    # faketime and runc are the test suite's, not kind's.
+    present = ("make", "git", "busybox", "mmdebstrap")
+    missing = _run(tmp_path, "kind", present, uid=1000)
+    assert missing.returncode == 3, missing
+    assert missing.stderr.splitlines()[-1] == (
+        "sudo apt-get install -y --no-install-recommends docker.io")
+
+
 def test_an_unknown_target_is_a_usage_error(tmp_path: Path) -> None:
     assert _run(tmp_path, "bench", TEST_COMMANDS, uid=0).returncode == 2
 

@@ -41,6 +41,12 @@ BUILDKIT_VERSION = "v0.34.2"
 # Prometheus 3.16.0: its Go module is versioned v0.3MM.P for release 3.MM.P.
 PROMETHEUS_VERSION = "v0.316.0"
 PROMETHEUS_RELEASE = "3.16.0"
+# kind and the parts of its node image that are Go modules (issue 32, docs/kind.md).
+KIND_VERSION = "v0.33.0"
+CRI_TOOLS_VERSION = "v1.37.0"
+CNI_PLUGINS_VERSION = "v1.10.0"
+# The CoreDNS release kubeadm v1.37.2 deploys (cmd/kubeadm/app/constants: CoreDNSVersion).
+COREDNS_VERSION = "v1.14.6"
 
 # The real node's runtime: built together from one module, cached in one folder.
 CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
@@ -48,6 +54,15 @@ CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2", "ctr")
 BUILDKIT_COMMANDS = ("buildkitd", "buildctl")
 # Everything a real node needs on top of the control plane.
 NODE = ("kubelet", *CONTAINERD_COMMANDS)
+# The CNI plugins a kind node runs (kind's base image keeps these four; bridge for a pod
+# network without kindnetd), with their package in containernetworking/plugins.
+CNI_PLUGINS: dict[str, str] = {
+    "bridge": "plugins/main/bridge",
+    "loopback": "plugins/main/loopback",
+    "ptp": "plugins/main/ptp",
+    "host-local": "plugins/ipam/host-local",
+    "portmap": "plugins/meta/portmap",
+}
 
 # Commands of k8s.io/kubernetes we build, and the upstream file holding their main.
 KUBE_COMMANDS: dict[str, str] = {
@@ -56,6 +71,9 @@ KUBE_COMMANDS: dict[str, str] = {
     "kube-scheduler": "cmd/kube-scheduler/scheduler.go",
     "kubectl": "cmd/kubectl/kubectl.go",
     "kubelet": "cmd/kubelet/kubelet.go",
+    # A kind node's own: kubeadm sets the node up, kube-proxy runs as its DaemonSet.
+    "kubeadm": "cmd/kubeadm/kubeadm.go",
+    "kube-proxy": "cmd/kube-proxy/proxy.go",
 }
 
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
@@ -101,6 +119,14 @@ def bin_dir_for(component: str) -> Path:
         return cache_dir() / "bin" / f"containerd-{CONTAINERD_VERSION}"
     if component in BUILDKIT_COMMANDS:
         return cache_dir() / "bin" / f"buildkit-{BUILDKIT_VERSION}"
+    if component == "kind":
+        return cache_dir() / "bin" / f"kind-{KIND_VERSION}"
+    if component == "crictl":
+        return cache_dir() / "bin" / f"cri-tools-{CRI_TOOLS_VERSION}"
+    if component == "coredns":
+        return cache_dir() / "bin" / f"coredns-{COREDNS_VERSION}"
+    if component in CNI_PLUGINS:
+        return cache_dir() / "bin" / f"cni-plugins-{CNI_PLUGINS_VERSION}"
     return cache_dir() / "bin" / f"kubernetes-{KUBERNETES_VERSION}"
 
 
@@ -226,7 +252,9 @@ def _build_missing(missing: list[str], found: dict[str, Path], progress: Progres
     if "etcd" in missing:
         found["etcd"] = _build_etcd(progress)
     for tool, module in (("kwok", f"sigs.k8s.io/kwok/cmd/kwok@{KWOK_VERSION}"),
-                         ("helm", f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}")):
+                         ("helm", f"helm.sh/helm/v4/cmd/helm@{HELM_VERSION}"),
+                         ("crictl", f"sigs.k8s.io/cri-tools/cmd/crictl@{CRI_TOOLS_VERSION}"),
+                         ("coredns", f"github.com/coredns/coredns@{COREDNS_VERSION}")):
         if tool in missing:
             found[tool] = _go_install(tool, module, progress)
     if "promtool" in missing:
@@ -235,6 +263,11 @@ def _build_missing(missing: list[str], found: dict[str, Path], progress: Progres
         found.update(_build_containerd(progress))
     if any(m in BUILDKIT_COMMANDS for m in missing):
         found.update(_build_buildkit(progress))
+    if "kind" in missing:
+        found["kind"] = _go_install(
+            "kind", f"sigs.k8s.io/kind@{KIND_VERSION}", progress)
+    if any(m in CNI_PLUGINS for m in missing):
+        found.update(_build_cni_plugins(progress))
     unknown = set(missing) - set(found)
     if unknown:
         raise BuildError(f"do not know how to build: {', '.join(sorted(unknown))}")
@@ -409,6 +442,29 @@ def _build_buildkit(progress: Progress) -> dict[str, Path]:
                   f"{pkg}/cmd/{name}"], src, f"go build {name}")
             tmp.rename(out / name)
     return {name: out / name for name in BUILDKIT_COMMANDS}
+
+
+def _build_cni_plugins(progress: Progress) -> dict[str, Path]:
+    """Build the CNI plugins a kind node needs with one ``go install`` (one module).
+
+    kind's base image downloads the release tarball and keeps four plugins; here the same
+    release is built from its module, plus ``bridge`` (a single-node pod network when
+    kindnetd's image cannot be built: docs/kind.md).
+    """
+    out = bin_dir_for("bridge")
+    out.mkdir(parents=True, exist_ok=True)
+    staging = out / ".cni.tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    module = "github.com/containernetworking/plugins"
+    packages = [f"{module}/{pkg}@{CNI_PLUGINS_VERSION}" for pkg in CNI_PLUGINS.values()]
+    with progress.step(f"building CNI plugins {CNI_PLUGINS_VERSION} ({', '.join(CNI_PLUGINS)})"):
+        _run(["go", "install", "-trimpath", "-ldflags",
+              f"-s -w -X {module}/pkg/utils/buildversion.BuildVersion={CNI_PLUGINS_VERSION}",
+              *packages], out, "go install CNI plugins", env={"GOBIN": str(staging)})
+        for name in CNI_PLUGINS:
+            (staging / name).rename(out / name)
+        staging.rmdir()
+    return {name: out / name for name in CNI_PLUGINS}
 
 
 def main(argv: list[str] | None = None) -> int:
