@@ -69,6 +69,7 @@ from joblease.kube.leases import LeaseStore, lease_path
 from joblease.sdk.client import LeaseClient
 
 DRAIN_LABEL = {"batch": "drain"}
+PROGRESS_EVERY = 30.0  # seconds between a drain's progress lines
 DISPATCH_LABEL = {"batch": "dispatched"}  # the dispatched drains (issue 30)
 LATENCY_LABEL = {"batch": "latency"}
 JOB_SPEC = {"leaseDurationSeconds": 30}
@@ -242,16 +243,17 @@ class Processes:
         """Every child's JSON result line."""
         return self.collect("result", _json_object, timeout)
 
-    def wait(self, timeout: float, tick: Callable[[], None] | None = None) -> list[int]:
-        """Wait for every child to exit by itself; ``tick`` every 30 s (progress)."""
+    def wait(self, timeout: float, tick: Callable[[], None] | None = None,
+             every: float = 30.0) -> list[int]:
+        """Wait for every child to exit by itself; ``tick`` every ``every`` seconds."""
         deadline = time.monotonic() + timeout
-        next_tick = time.monotonic() + 30
+        next_tick = time.monotonic() + every
         while any(p.poll() is None for p in self.procs):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.label}: still running after {timeout:.0f} s")
             if tick is not None and time.monotonic() > next_tick:
                 tick()
-                next_tick += 30
+                next_tick += every
             time.sleep(0.05)
         return [int(p.returncode) for p in self.procs]
 
@@ -501,10 +503,14 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     events = _watch_events(cluster)
     started = time.monotonic()
 
+    printed = [started]
+
     def tick() -> None:
         done = _status_writes(apiserver_requests(cluster), before, "200") / 2
-        progress(f"pool: drain, {time.monotonic() - started:.0f} s: ~{done:.0f} of {jobs} "
-                 "jobs done (status writes ÷ 2)")
+        if time.monotonic() - printed[0] >= PROGRESS_EVERY:
+            printed[0] = time.monotonic()
+            progress(f"pool: drain, {time.monotonic() - started:.0f} s: ~{done:.0f} of {jobs} "
+                     "jobs done (status writes ÷ 2)")
         if dispatch is not None:
             dispatch.tick(done / 1.5, jobs)  # 3 writes per dispatched job: claim, adopt, done
 
@@ -516,7 +522,9 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
              for holder in holders]
     cpu, began = _children_cpu(), time.time()
     with Processes(argvs, logs, "drain") as pool:
-        codes = pool.wait(120 + jobs * 0.2, tick)
+        # a dispatcher to kill halfway is looked at every second: a drain lasts about 30 s
+        codes = pool.wait(120 + jobs * 0.2, tick,
+                          every=1.0 if dispatch is not None else PROGRESS_EVERY)
         failure = pool.failure_log()
     wall = time.monotonic() - started
     cpu = _children_cpu() - cpu  # the workers, their commands and sentinels, start-up included
