@@ -74,23 +74,11 @@ class NodeCluster:
 
     def api(self, path: str) -> Any:
         """GET an API path as the admin (fast: no kubectl process)."""
-        return json.loads(self._get(path))
-
-    def pod_log(self, ns: str, pod: str) -> str:
-        """A container's log as ``kubectl logs`` reads it (the API server asks the kubelet).
-
-        Why not kubectl: a test that polls a log starts one process per poll, about a
-        second each on this shared machine.
-        """
-        return self._get(f"/api/v1/namespaces/{ns}/pods/{pod}/log").decode(errors="replace")
-
-    def _get(self, path: str) -> bytes:
         context = ssl.create_default_context(cafile=str(self.cluster.ca_file))
         request = urllib.request.Request(f"{self.cluster.server}{path}")
         request.add_header("Authorization", f"Bearer {self.cluster.token_for('admin')}")
         with urllib.request.urlopen(request, timeout=10, context=context) as reply:
-            data: bytes = reply.read()
-        return data
+            return json.loads(reply.read())
 
     def pod_ready(self, ns: str, name: str) -> dict[str, Any] | None:
         """The pod if its Ready condition is True."""

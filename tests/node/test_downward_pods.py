@@ -12,7 +12,6 @@ import json
 import os
 import statistics
 import time
-import urllib.error
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -67,11 +66,8 @@ def _holder(nc: NodeCluster, ns: str) -> tuple[str, int] | None:
 
 
 def _seen(nc: NodeCluster, ns: str, pod: str, gen: int) -> dict[str, Any] | None:
-    try:
-        log = nc.pod_log(ns, pod)
-    except urllib.error.HTTPError:  # no log yet (container starting): not seen yet
-        return None
-    for line in log.splitlines():
+    out = nc.kubectl("logs", pod, "-n", ns)
+    for line in out.stdout.splitlines():
         if line.startswith("{"):
             entry = json.loads(line)
             if entry["gen"] == str(gen):
