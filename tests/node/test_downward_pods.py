@@ -13,7 +13,6 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +22,8 @@ from node_support import NodeCluster, PodWatch, worker_pod
 from support.operator_process import OperatorProcess
 from support.waiting import wait_for
 
-# 10 in CI (a round was about 9 s, less since the next pod starts while the round's file is
-# read: the suite's budget is tight); the figure in docs/real-node.md was taken over 20
-# (JOBLEASE_NODE_TAKEOVERS=20)
+# 10 in CI (a round is about 10 s: the suite's budget is tight); the figure in
+# docs/real-node.md was taken over 20 (JOBLEASE_NODE_TAKEOVERS=20)
 TAKEOVERS = int(os.environ.get("JOBLEASE_NODE_TAKEOVERS", "10"))
 # The kubelet rewrites a downward API volume when it syncs the pod (on the pod's update
 # event, else every sync period): observed here p50 0.1 s, and once 7.7 s with the 2 CPUs
@@ -85,9 +83,6 @@ def test_downward_file_follows_takeovers_env_keeps_start_value(
     running += [s for _, s in standby]
     lags: list[float] = []
     count = 2
-    # the next standby is started (and timed to Ready) in this thread while the round's
-    # reading is checked: the two waits overlap instead of adding up
-    starter = ThreadPoolExecutor(1)
     try:
         last_gen = 0
         for _ in range(TAKEOVERS):  # bounded: one takeover per round
@@ -95,7 +90,6 @@ def test_downward_file_follows_takeovers_env_keeps_start_value(
                 lambda g=last_gen: (h := _holder(nc, ns)) and h[1] > g and h, 30,
                 f"a pod to hold the lease after generation {last_gen}")
             assert gen == last_gen + 1, f"generation jumped from {last_gen} to {gen}"
-            standby = starter.submit(_start, nc, ns, f"w{count}")
             entry = wait_for(lambda p=pod, g=gen: _seen(nc, ns, p, g), LAG_LIMIT + 5,
                              f"{pod} to read generation {gen} from its file")
             changed = wait_for(lambda p=pod, g=gen: watch.when(p, str(g)), 5, "the watch")
@@ -103,13 +97,12 @@ def test_downward_file_follows_takeovers_env_keeps_start_value(
             # env from the same fieldRef: still the value the pod started with
             assert entry["env"] == "0", entry
             last_gen = gen
-            _, seconds = standby.result(timeout=90)
+            _, seconds = _start(nc, ns, f"w{count}")
             running.append(seconds)
             count += 1
             nc.kubectl("delete", "pod", pod, "-n", ns, "--grace-period=0", "--force",
                        check=True)
     finally:
-        starter.shutdown(wait=True)
         watch.stop()
     lags.sort()
     p50, worst = statistics.median(lags), lags[-1]
