@@ -30,7 +30,6 @@ monotonic clock takes the same fraction of the time its lease has left
 
 from __future__ import annotations
 
-import functools
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -64,20 +63,9 @@ def parse_time(text: str) -> datetime:
     by any client must not stop the operator or a worker. Out-of-range instants are
     clamped to ``[EARLIEST_TIME, LATEST_TIME]``. A space instead of ``T`` is read too.
 
-    Cached (the last 4,096 texts): every read of an object parses its same few timestamps
-    again (the operator's passes, each client's reads, the simulator's millions of reads,
-    where parsing was a fifth of the time); the parse is pure and a datetime immutable, and
-    a text that raises is not cached.
-
     Raises:
         ValueError: ``text`` is not a date-time the schema accepts at all.
     """
-    if isinstance(text, str):
-        return _parse_cached(text)
-    return _parse_uncached(text)  # not a string (an unchecked object): fails as it always did
-
-
-def _parse_uncached(text: str) -> datetime:
     lowered = text.strip().lower()
     if lowered[10:11] == " ":
         lowered = lowered[:10] + "t" + lowered[11:]
@@ -98,9 +86,6 @@ def _parse_uncached(text: str) -> datetime:
     except ValueError as err:
         raise ValueError(f"not a valid date and time: {text!r} ({err})") from None
     return clamp_time(_shift_saturating(local, -offset))
-
-
-_parse_cached = functools.lru_cache(maxsize=4096)(_parse_uncached)
 
 
 def _shift_saturating(local: datetime, minutes: int) -> datetime:
