@@ -226,7 +226,7 @@ def operator_args(*sets: str) -> list[str]:
 
 def test_every_operator_setting_reaches_the_container_as_its_flag() -> None:
     defaults = operator_args()
-    for flag in ("--margin-seconds=0.25", "--writers=4", "--max-server-skew=0",
+    for flag in ("--margin-seconds=0.25", "--writers=8", "--max-server-skew=0",
                  "--clock-track-ttl=60", "--log-level=INFO"):
         assert flag in defaults, defaults
     assert not [a for a in defaults if a.startswith("--namespace")]  # cluster-wide

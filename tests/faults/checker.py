@@ -7,7 +7,10 @@ Properties, per JobLease (``docs/history-format.md`` gives the record they read)
 * ``overlap``: no two holders' validity windows overlap on the server's clock: a claim of
   generation g+1 that was not preceded by the release/completion of g must have happened,
   on the server's clock, at or after the end of g's window (the largest ``leaseUntil``
-  acknowledged to g's holder before the claim returned).
+  acknowledged to g's holder before the claim returned). A claim a dispatcher made *for*
+  g's holder (issue 30; ``args.assign``) acknowledges no window to it: its window starts
+  with its adoption (its first acknowledged renew), so a dispatcher taking back an
+  assignment never adopted (it never ran) overlaps nothing.
 * ``used-past-expiry``: no renew/complete/release is acknowledged to a holder whose window
   had ended, on the server's clock, before the operation started.
 * ``target-order``: the fenced target never accepts a token lower than one it has accepted.
@@ -110,7 +113,8 @@ def _check_lease(lease: str, ops: list[Op]) -> list[Violation]:
                     for o in prev_ops)
         if ended:
             continue
-        until = [float(o.result["lease_until"]) for o in [prev_claim, *prev_ops]
+        given = [] if prev_claim.args.get("assign") else [prev_claim]  # the holder's window
+        until = [float(o.result["lease_until"]) for o in [*given, *prev_ops]
                  if o.ok and o.op in ("claim", "renew") and o.result.get("lease_until")
                  and o.call_ns < (c.ret_ns or 0)]
         if until and c.server_hi is not None and c.server_hi < max(until):

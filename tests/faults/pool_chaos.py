@@ -11,7 +11,11 @@ One run (:func:`run_pool_chaos`):
    ``tests.faults.pool_job`` (two fenced writes to PostgreSQL, recorded);
 3. a chaos loop (seeded) SIGKILLs workers that have a command running and restarts them
    under a new name, and SIGSTOPs others — the worker alone, or with its commands and their
-   supervisor — for up to twice the lease, then SIGCONTs them;
+   supervisor — for up to twice the lease, then SIGCONTs them; with ``plan.dispatch``
+   (issue 30) every job opts in, a pool dispatcher in this process
+   (:class:`RecordedDispatcher`, its claims recorded) hands them out, and it is killed
+   (its record left to lapse) once ``kill_dispatcher_after`` of the batch is finished:
+   the workers fall back to turns;
 4. when the chaos time is over (or the batch is nearly drained) everything is resumed and
    the workers drain the rest and exit by themselves;
 5. the history goes through both checkers (:func:`harness.judge`), and
@@ -27,6 +31,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -39,11 +44,20 @@ _TESTS_DIR = str(Path(__file__).resolve().parents[1])
 if _TESTS_DIR not in sys.path:  # `python -m tests.faults.pool_chaos` (make pool-chaos)
     sys.path.insert(0, _TESTS_DIR)
 
+from joblease.core.claiming import REFUSED as CLAIM_REFUSED  # noqa: E402
+from joblease.core.dispatcher import PASS_OVER_SECONDS, Dispatcher  # noqa: E402
+from joblease.core.steps import SyncPort, drive  # noqa: E402
+from joblease.core.transaction import transaction  # noqa: E402
+from joblease.domain.dispatch import Queued  # noqa: E402
+from joblease.domain.holder import ClaimDecider  # noqa: E402
+from joblease.domain.lease import dispatch_claim_id  # noqa: E402
+from joblease.kube.identity import new_claim_id  # noqa: E402
 from support.paths import REPO  # noqa: E402
 from support.waiting import retry, wait_for  # noqa: E402
 
 from .harness import FaultEnv, RunReport, judge  # noqa: E402
-from .history import Op, load  # noqa: E402
+from .history import OK, REFUSED, Op, Recorder, load  # noqa: E402
+from .worker import classify, ms  # noqa: E402
 
 PRIORITIES = (0, 5, 10)
 
@@ -62,6 +76,8 @@ class ChaosPlan:
     pace: tuple[float, float] = (0.6, 1.6)  # seconds between two chaos actions
     work: float = 0.4  # mean seconds between a command's two writes
     timeout: float = 240.0  # the whole batch must be drained by then
+    dispatch: bool = False  # issue 30: jobs opt in, a dispatcher hands them out, then dies
+    kill_dispatcher_after: float = 0.3  # ... once this fraction of the batch is finished
 
 
 BIG = ChaosPlan(jobs=200, workers=8, concurrency=2, duration=6, chaos_seconds=60,
@@ -100,6 +116,18 @@ def make_jobs(rng: random.Random, plan: ChaosPlan, run: str) -> list[JobSpec]:
     return jobs
 
 
+def dispatch_names(plan: ChaosPlan) -> list[str]:
+    """The ServiceAccount names a dispatched batch's jobs name: every worker's first
+    incarnations (at most 16, the CRD's limit; a later one only takes turns)."""
+    rounds = max(1, 16 // plan.workers)
+    return [f"w{i}.{r}" for r in range(rounds) for i in range(plan.workers)][:16]
+
+
+def worker_holder(env: FaultEnv, plan: ChaosPlan, name: str) -> str:
+    """A worker's holder: its name, or, dispatched, the ServiceAccount username the jobs name."""
+    return f"system:serviceaccount:{env.namespace}:{name}" if plan.dispatch else name
+
+
 def create_jobs(env: FaultEnv, plan: ChaosPlan, run: str, jobs: list[JobSpec]) -> None:
     """Create the batch and wait until every JobLease reads with a status.
 
@@ -113,6 +141,8 @@ def create_jobs(env: FaultEnv, plan: ChaosPlan, run: str, jobs: list[JobSpec]) -
                                     "priority": job.priority, "backoff": plan.backoff}
             if job.max_attempts is not None:
                 spec["maxAttempts"] = job.max_attempts
+            if plan.dispatch:
+                spec["dispatch"] = {"enabled": True, "serviceAccountNames": dispatch_names(plan)}
             retry(lambda s=spec, j=job: client.store.create(  # type: ignore[misc]
                 env.namespace, j.name, s, labels={"pool": run}))
 
@@ -149,7 +179,8 @@ class PoolWorkers:
         argv = [sys.executable, "-m", "tests.faults.pool_worker", str(self.history), name,
                 "--", "work", "-n", self.env.namespace, "--kubeconfig",
                 str(self.env.kubeconfig), "-l", f"pool={self.run}",
-                "-c", str(self.plan.concurrency), "--until-empty", "--holder", name,
+                "-c", str(self.plan.concurrency), "--until-empty",
+                "--holder", worker_holder(self.env, self.plan, name),
                 "--grace", "1", "--drain-timeout", "10", "--progress-every", "5", "--", *job]
         log = (self.logs / f"{name}.err").open("wb")
         self.procs[index] = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log,
@@ -239,6 +270,7 @@ class Chaos:
     """What the chaos loop did."""
 
     kills: int = 0
+    killed_ns: dict[str, int] = field(default_factory=dict)  # worker name → when killed
     pauses: int = 0
     tree_pauses: int = 0
     log: list[str] = field(default_factory=list)  # what was done when (run_dir/chaos.log)
@@ -294,6 +326,7 @@ def chaos_loop(workers: PoolWorkers, rng: random.Random, plan: ChaosPlan,
             if workers.busy(index):
                 chaos.log.append(f"{time.monotonic_ns()} SIGKILL {workers.names[index]} "
                                  f"pid={workers.procs[index].pid}")
+                chaos.killed_ns[workers.names[index]] = time.monotonic_ns()
                 workers.kill(index)
                 chaos.kills += 1
                 time.sleep(rng.uniform(0.0, 0.5))
@@ -328,6 +361,77 @@ def _pause(workers: PoolWorkers, index: int, rng: random.Random, plan: ChaosPlan
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGSTOP)
     return resume, first, [p for p in stopped if p not in first]
+
+
+# -- a dispatcher, recorded (issue 30) -------------------------------------------------------
+
+class RecordedDispatcher(Dispatcher):
+    """A pool dispatcher whose claims land in the run's history, as process ``dispatcher``.
+
+    Its claims are claims like any other for the checkers (the worker's adoption is then
+    its first renewal). One process for its concurrent claims, as one worker's slots are:
+    the priority check excuses a process's claims that were in flight together.
+    """
+
+    killed_ns: int | None = None
+
+    def recording(self, history: Path) -> RecordedDispatcher:
+        def bounds() -> tuple[float, float]:
+            now = self.api.server_now()
+            return now.earliest.timestamp() * 1000.0, now.latest.timestamp() * 1000.0
+
+        self.recorder = Recorder(history / "dispatcher.jsonl", "dispatcher", bounds)
+        return self
+
+    def _claim(self, queued: Queued, worker: str, margin: Any) -> None:
+        """``Dispatcher._claim``, each write recorded as a claim for ``worker``."""
+        job, rec = queued.job, self.recorder
+        op = rec.invoke("claim", job.name, holder=worker, assign=True)
+        decide = ClaimDecider(worker, margin, dispatch_claim_id(new_claim_id()),
+                              reassign=queued.reassign)
+        try:
+            outcome = drive(transaction(self.namespace, job.name, decide, self.api.monotonic,
+                                        observed=job, max_conflicts=1), SyncPort(self.store))
+        except CLAIM_REFUSED as refusal:
+            rec.complete(op, REFUSED, **classify(refusal)[1])
+            self._failed(job, worker, refusal, set_aside=True)
+            return
+        except Exception as err:
+            status, fields = classify(err)
+            rec.complete(op, status, **fields)
+            self._failed(job, worker, err, set_aside=False)
+            return
+        st = outcome.observed.status
+        rec.complete(op, OK, generation=st.generation, epoch=st.epoch,
+                     lease_until=ms(st.lease_until), holder=st.holder)
+        with self._lock:
+            self._flying.pop(job.name, None)
+            self.view.learn(outcome.observed)
+            self.counts.assigned += 1
+            if queued.reassign:
+                self.counts.reassigned += 1
+                previous = job.status.holder
+                if previous is not None and previous in self._live:  # live, never adopted
+                    self.passed_over[previous] = self.api.monotonic() + PASS_OVER_SECONDS
+            self._lock.notify_all()
+
+    def kill(self) -> None:
+        self.killed_ns = self.killed_ns or time.monotonic_ns()
+        super().kill()
+
+
+def kill_dispatcher_when(dispatcher: RecordedDispatcher, plan: ChaosPlan,
+                         unfinished: Any, end: float) -> threading.Thread:
+    """Kill ``dispatcher`` once ``plan.kill_dispatcher_after`` of the batch is finished."""
+    def watch() -> None:
+        left = plan.jobs * (1.0 - plan.kill_dispatcher_after)
+        while time.monotonic() < end and unfinished() > left:
+            time.sleep(0.3)
+        dispatcher.kill()
+
+    thread = threading.Thread(target=watch, daemon=True, name="kill-dispatcher")
+    thread.start()
+    return thread
 
 
 # -- the run ---------------------------------------------------------------------------------
@@ -373,7 +477,14 @@ def run_pool_chaos(env: FaultEnv, seed: int, plan: ChaosPlan) -> PoolReport:
                    not in ("Completed", "Failed"))
 
     workers = PoolWorkers(env, plan, run, run_dir)
+    dispatcher: RecordedDispatcher | None = None
     try:
+        if plan.dispatch:
+            made = RecordedDispatcher.for_client(client, f"pool={run}")
+            assert isinstance(made, RecordedDispatcher)
+            dispatcher = made.recording(workers.history)
+            dispatcher.start()
+            kill_dispatcher_when(dispatcher, plan, unfinished, began + plan.timeout)
         for index in range(plan.workers):
             workers.start(index)
         chaos = chaos_loop(workers, rng, plan, unfinished)
@@ -383,6 +494,9 @@ def run_pool_chaos(env: FaultEnv, seed: int, plan: ChaosPlan) -> PoolReport:
         codes = workers.wait_all(30)
     finally:
         workers.cleanup()
+        if dispatcher is not None:
+            dispatcher.kill()
+            dispatcher.recorder.close()
         client.close()
     seconds = time.monotonic() - began
     (run_dir / "chaos.log").write_text("".join(f"{line}\n" for line in chaos.log))
@@ -391,6 +505,8 @@ def run_pool_chaos(env: FaultEnv, seed: int, plan: ChaosPlan) -> PoolReport:
     ops = load(run_dir / "history")
     findings = pool_properties(ops, jobs, final, plan, _fence_rows(env.dsn, run))
     figures = _figures(ops, final, seconds)
+    if dispatcher is not None:
+        figures.update(_dispatch_figures(ops, dispatcher, chaos.killed_ns))
     return PoolReport(seed, plan, report, chaos, final, codes, findings, figures)
 
 
@@ -431,6 +547,29 @@ def _figures(ops: list[Op], final: dict[str, dict[str, Any]], seconds: float
     }
 
 
+def _dispatch_figures(ops: list[Op], dispatcher: RecordedDispatcher,
+                      kills: dict[str, int]) -> dict[str, Any]:
+    """The dispatcher's claims; the fallback: its kill → the first claim a worker made
+    itself (a worker's own claims all go through ``LeaseClient.claim``; adoptions do not);
+    a killed assignee: its kill → the claim that took its never-adopted job back."""
+    ok = [o for o in ops if o.op == "claim" and o.ok]
+    by_dispatcher = [o for o in ok if o.process == "dispatcher"]
+    killed = dispatcher.killed_ns
+    own_after = sorted(o.call_ns for o in ok if o.process != "dispatcher"
+                       and killed is not None and o.call_ns >= killed)
+    fallback = (own_after[0] - killed) / 1e9 if own_after and killed is not None else None
+    by_job: dict[str, list[Op]] = defaultdict(list)
+    for o in ops:
+        by_job[o.lease].append(o)
+    rerun = [(claim.ret_ns - kills[prev.args["holder"].rsplit(":", 1)[-1]]) / 1e9
+             for claim, prev, _ in _takeovers(ops)
+             if claim.ret_ns is not None and never_ran(prev, by_job[prev.lease])
+             and prev.args["holder"].rsplit(":", 1)[-1] in kills]
+    return {"dispatched": len(by_dispatcher), "own_after_kill": len(own_after),
+            "fallback_s": fallback, "reassigned": dispatcher.counts.reassigned,
+            "killed_assignee_rerun_s": max(rerun, default=None)}
+
+
 # -- what a pool promises (issue 17, item 5) -------------------------------------------------
 
 def _takeovers(ops: list[Op]) -> list[tuple[Op, Op, float]]:
@@ -460,6 +599,19 @@ def _takeovers(ops: list[Op]) -> list[tuple[Op, Op, float]]:
     return found
 
 
+def never_ran(claim: Op, job_ops: list[Op]) -> bool:
+    """Whether ``claim`` was a dispatcher's assignment its holder never adopted (issue 30).
+
+    The holder adopts with a renewal before it runs anything; with no acknowledged renew,
+    complete or release of that generation by it, it ran nowhere (an unacknowledged one
+    that did land would have made the taking back's compare-and-swap fail).
+    """
+    gen = int(claim.result["generation"])
+    return bool(claim.args.get("assign")) and not any(
+        o.op in ("renew", "complete", "release") and o.ok and _gen_of(o) == gen
+        for o in job_ops)
+
+
 def _gen_of(o: Op) -> int:
     return int(o.result["generation"]) if o.op == "claim" else int(o.args["generation"])
 
@@ -484,7 +636,9 @@ def pool_properties(ops: list[Op], jobs: list[JobSpec], final: dict[str, dict[st
         _check_fence(job, st, fence, found["fence"])
         _check_attempts(job, st, found["max-attempts"])
         _check_failed_release_backoff(job, job_ops, initial_ms, found["backoff"])
-    for claim, _prev, until in _takeovers(ops):
+    for claim, prev, until in _takeovers(ops):
+        if never_ran(prev, by_job[prev.lease]):
+            continue  # an assignment never adopted: taken back with no attempt, no backoff
         if claim.server_hi is not None and claim.server_hi < until + initial_ms:
             found["backoff"].append(
                 f"{claim.lease}: generation {claim.result['generation']} claimed by server "

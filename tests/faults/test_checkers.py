@@ -155,8 +155,30 @@ def good_unknown_first_claim() -> H:
     return h
 
 
+def good_assignment_taken_back() -> H:
+    """Issue 30: a dispatcher's claim for ``a``, never adopted (a's presence lapsed), taken
+    back for ``b`` before its window ended: ``a`` never ran, so nothing overlaps."""
+    h = H()
+    h.op("dispatcher", "claim", 0, 10, args={"holder": "a", "assign": True}, generation=1,
+         epoch=E, lease_until=10_000, lo=995, hi=1_000, holder="a")
+    h.op("dispatcher", "claim", 20, 30, args={"holder": "b", "assign": True}, generation=2,
+         epoch=E, lease_until=13_000, lo=2_995, hi=3_000, holder="b")
+    h.held("b", "renew", 40, 50, 2, lo=3_100, lease_until=13_100)  # b adopts
+    h.held("a", "renew", 60, 70, 1, status="refused", lo=3_200, reason="stale")  # a, too late
+    h.held("b", "complete", 80, 90, 2, lo=3_300)
+    h.read(100, "Completed", 2, (2, "b"), "b")
+    return h
+
+
 def broken(kind: str) -> H:
     h = H()
+    if kind == "overlap-adopted":  # a adopted its assignment: taking it back is an overlap
+        h.op("dispatcher", "claim", 0, 10, args={"holder": "a", "assign": True}, generation=1,
+             epoch=E, lease_until=10_000, lo=995, hi=1_000, holder="a")
+        h.held("a", "renew", 12, 18, 1, lo=1_100, lease_until=10_100)
+        h.op("dispatcher", "claim", 20, 30, args={"holder": "b", "assign": True},
+             generation=2, epoch=E, lease_until=13_000, lo=2_995, hi=3_000, holder="b")
+        return h
     h.claim("a", 0, 10, 1, until=10_000, hi=1_000)
     if kind == "overlap":
         h.claim("b", 20, 30, 2, until=19_000, hi=9_000)  # before a's window ended
@@ -190,11 +212,11 @@ def broken(kind: str) -> H:
 
 
 BROKEN = ("overlap", "stale-accepted", "target-order", "token-order", "completion-lost",
-          "reopened", "reopened-failed", "used-past-expiry")
+          "reopened", "reopened-failed", "used-past-expiry", "overlap-adopted")
 # what only Porcupine's exact state catches (our checker looks at acknowledged effects)
 BROKEN_EXACT = ("stale-refused-early", "epoch-changed")
 GOOD = [good_complete, good_takeover, good_unknown, good_failed, good_expired_failed,
-        good_expired_refused, good_unknown_first_claim]
+        good_expired_refused, good_unknown_first_claim, good_assignment_taken_back]
 
 
 @pytest.mark.unit
@@ -207,7 +229,7 @@ def test_ours_accepts_good(make: Any) -> None:
 @pytest.mark.parametrize("kind", BROKEN)
 def test_ours_finds_each_violation(kind: str) -> None:
     found = check(broken(kind).ops)
-    assert kind.removesuffix("-failed") in {v.kind for v in found}, found
+    assert kind.removesuffix("-failed").removesuffix("-adopted") in {v.kind for v in found}, found
 
 
 @pytest.mark.unit

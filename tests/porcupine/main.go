@@ -64,6 +64,7 @@ type input struct {
 	Epoch    int64
 	ServerLo float64 // NaN when unknown
 	ServerHi float64
+	Assign   bool // a claim a dispatcher made for Holder (issue 30): no window until adopted
 }
 
 // output is what it got.
@@ -96,6 +97,9 @@ type state struct {
 	TopE    int64
 	TopG    int64
 	HasTop  bool
+	// Assigned: the current claim is a dispatcher's for Holder, not yet adopted (renewed)
+	// by it: it ran nowhere, and the dispatcher may take it back before its window ends
+	Assigned bool
 }
 
 func num(m map[string]interface{}, key string) int64 {
@@ -115,7 +119,7 @@ func str(m map[string]interface{}, key string) string {
 func toOperation(r record, clients map[string]int) porcupine.Operation {
 	in := input{ID: r.ID, Op: r.Op, Lease: r.Lease, Holder: str(r.Args, "holder"),
 		Gen: num(r.Args, "generation"), Epoch: num(r.Args, "epoch"),
-		ServerLo: math.NaN(), ServerHi: math.NaN()}
+		ServerLo: math.NaN(), ServerHi: math.NaN(), Assign: r.Args["assign"] == true}
 	if tok, ok := r.Args["token"].([]interface{}); ok && len(tok) == 2 {
 		in.Epoch, in.Gen = int64(tok[0].(float64)), int64(tok[1].(float64))
 	}
@@ -176,13 +180,16 @@ func applied(s state, in input, out output, known bool) (bool, state) {
 				return false, s
 			}
 			epoch = out.Epoch
-			// a takeover must be able to lie after the holder's window on the server clock
-			if s.Phase == held && s.Until > 0 && !math.IsNaN(in.ServerHi) && in.ServerHi < s.Until {
+			// a takeover must be able to lie after the holder's window on the server clock,
+			// unless the holder never adopted a dispatcher's claim (it never ran)
+			if s.Phase == held && !s.Assigned && s.Until > 0 && !math.IsNaN(in.ServerHi) &&
+				in.ServerHi < s.Until {
 				return false, s
 			}
 		}
 		n := s
 		n.Phase, n.Holder, n.Gen, n.Epoch, n.Until = held, in.Holder, gen, epoch, 0
+		n.Assigned = in.Assign
 		if known {
 			n.Until = out.LeaseUntil
 		}
@@ -195,6 +202,7 @@ func applied(s state, in input, out output, known bool) (bool, state) {
 			return false, s // the window had ended before the operation started
 		}
 		n := s
+		n.Assigned = false // adopted (renew), or over
 		switch in.Op {
 		case "renew":
 			n.Until = 0

@@ -31,6 +31,7 @@ class ScriptedFeed:
     before_list: Exception | None = None
     crash: Exception | None = None
     never_lists = False
+    fields: str | None = None  # the stream's extra field selector (a narrow scope's)
 
     def __init__(self, api: FakeKubeApi) -> None:
         self.api = api

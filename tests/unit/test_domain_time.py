@@ -107,3 +107,24 @@ def test_one_definition_under_every_old_name_and_one_margin_default() -> None:
     assert lease.is_expired(None, around(UNTIL), MARGIN)  # no end: nothing to wait for
     assert lease.is_expired(UNTIL, at_earliest(UNTIL + MARGIN), MARGIN)
     assert not lease.is_expired(UNTIL, at_earliest(UNTIL + MARGIN - US), MARGIN)
+
+
+def test_parse_time_remembers_answers_but_never_an_error() -> None:
+    """The operator parses thousands of equal ``creationTimestamp`` strings (issue 28): the
+    remembered answer must be the parser's own answer, an error must be raised every time,
+    and a string too long to remember is still parsed."""
+    remembered = jtime._parse_remembered
+    remembered.cache_clear()
+    text = "2026-12-06T12:15:30Z"
+    first = jtime.parse_time(text)
+    assert jtime.parse_time(text) is first  # the second answer came from the cache
+    assert remembered.cache_info().hits == 1 and first == jtime._parse(text)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="not an RFC 3339 timestamp"):
+            jtime.parse_time("2026-12-06 nonsense")
+    long_text = "2026-12-06T12:15:30." + "1" * 60 + "Z"
+    assert jtime.parse_time(long_text) == datetime(2026, 12, 6, 12, 15, 30, 111111, tzinfo=UTC)
+    assert remembered.cache_info().currsize == 1  # neither the error nor the long string
+    for i in range(jtime.PARSED_TIMES_CACHED + 10):  # bounded: old entries make way
+        jtime.parse_time(f"2026-12-06T12:{i // 60 % 60:02d}:{i % 60:02d}.{i:06d}Z")
+    assert remembered.cache_info().currsize == jtime.PARSED_TIMES_CACHED

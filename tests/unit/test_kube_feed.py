@@ -513,3 +513,31 @@ def test_every_410_is_counted() -> None:
                       watches=[[gone_event()], GoneError(410, "Gone", "too old"), []])
     feed, _ = run(api)
     assert (feed.counts.gone, feed.counts.lists) == (2, 3)
+
+
+class ClosedUnderTheRead(Chunks):
+    """urllib3 closed from another thread in the middle of a read: its ``fp`` is gone."""
+
+    def __init__(self, events: list[dict[str, Any] | Exception], owner: list[WatchStream]
+                 ) -> None:
+        super().__init__(events)
+        self.owner = owner
+
+    def stream(self, amt: int) -> Iterator[bytes]:
+        yield from super().stream(amt)
+        self.owner[0].close()  # another thread's close() lands while this one reads
+        raise AttributeError("'NoneType' object has no attribute 'read'")
+
+
+def test_a_watch_closed_from_another_thread_ends_whatever_the_read_raises() -> None:
+    """safety.md #41: a pool switching what it watches closes the old stream under its
+    reader; urllib3 then raised AttributeError, which killed the pool (``joblease work``
+    exited 6). Once closed, the stream just ends; the same error unclosed still raises."""
+    owner: list[WatchStream] = []
+    closing = WatchStream(Raw(ClosedUnderTheRead([{"type": "ADDED", "object": obj("a", 2)}],
+                                                 owner)), "/jobleases", (OSError,))
+    owner.append(closing)
+    assert [e["type"] for e in closing] == ["ADDED"]
+    broken = stream([AttributeError("a bug, not a close")])
+    with pytest.raises(AttributeError):
+        list(broken)

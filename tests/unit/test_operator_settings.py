@@ -46,7 +46,7 @@ def test_defaults_without_flags_or_environment() -> None:
     s = parse([])
     assert s == OperatorSettings()
     assert (s.margin, s.writers, s.max_server_skew, s.clock_track_ttl) == (
-        timedelta(seconds=0.25), 4, 0.0, 60.0)
+        timedelta(seconds=0.25), 8, 0.0, 60.0)
     assert s.clusterwide and s.namespaces == () and s.log_level == "INFO"
     assert s.liveness_endpoint == "http://127.0.0.1:8081/healthz"
     assert s.metrics_port == 8080 and s.health_file is None and s.kubeconfig is None

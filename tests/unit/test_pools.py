@@ -116,8 +116,24 @@ class Waiter:
 class PoolView:
     """Either pool, blocking (its claims come back as ``LeaseView``s)."""
 
+    feeds: list[ScriptedFeed]
+
     def __init__(self, client: Client, real: Any) -> None:
         self.client, self.real = client, real
+
+    def on_loop(self, action: Callable[[], None]) -> None:
+        """Run ``action`` where the pool's engine is changed: its loop for ``AsyncPool``."""
+        if isinstance(self.real, Pool):
+            action()
+            return
+        done = threading.Event()
+
+        def run() -> None:
+            action()
+            done.set()
+
+        LOOP.loop.call_soon_threadsafe(run)
+        assert done.wait(5)
 
     def claim_next(self, *args: Any, **kwargs: Any) -> LeaseView | None:
         lease = self.client._call(self.real.claim_next, *args, **kwargs)
@@ -146,15 +162,17 @@ def script_feeds(kind: str, monkeypatch: pytest.MonkeyPatch) -> list[ScriptedFee
     """Replace the ``kind`` pool's feed by a ``ScriptedFeed``; the feeds made, in order."""
     made: list[ScriptedFeed] = []
     if kind == "sync":
-        def feed(store: Any, namespace: str, selector: str, **_: Any) -> ScriptedFeed:
+        def feed(store: Any, namespace: str, selector: str, **options: Any) -> ScriptedFeed:
             made.append(ScriptedFeed(store.api))
+            made[-1].fields = options.get("fields")
             return made[-1]
 
         monkeypatch.setattr("joblease.sdk.pool.LeaseFeed", feed)
     else:
-        async def scripted_feed(self: AsyncPool[Any]) -> None:
+        async def scripted_feed(self: AsyncPool[Any], feed: Any, sink: Any) -> None:
             made.append(AsyncScriptedFeed(self.client.api.sync))  # AsyncFakeKubeApi's fake
-            await made[-1].arun(self.engine)
+            made[-1].fields = feed.fields
+            await made[-1].arun(sink)
 
         monkeypatch.setattr(AsyncPool, "_feed", scripted_feed)
     return made
@@ -181,6 +199,7 @@ def pool_over(kind: str, api: FakeKubeApi, made: list[tuple[PoolView, ScriptedFe
         real = AsyncPool(client.real, "team=batch", **kwargs)
         LOOP.run(real.__aenter__())
     pool = PoolView(client, real)
+    pool.feeds = feeds  # every feed the pool makes, in order (a scope switch makes more)
     scripted = started(feeds)
     made.append((pool, scripted))
     return pool, scripted
@@ -523,7 +542,7 @@ def test_a_pool_announces_its_worker_learns_the_others_and_leaves_on_close(
     stop.set()  # the first Sleep ends the round at once
     with pytest.raises(Stopped):  # one round of another worker of the same pool
         drive(other.steps(type("Sink", (), {"workers": lambda self, live: None,
-                                          "dispatcher": lambda self, until: None})()),
+                                          "dispatcher": lambda self, until, count=None: None})()),
               SyncPort(LeaseStore(api), stop=stop))  # type: ignore[arg-type]
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
     assert pool.presence is None  # no holder named yet
@@ -668,3 +687,34 @@ def test_an_assignment_taken_back_before_its_adoption_is_never_handed_out(
     stored = api.stored("ns", "mine")["status"]  # type: ignore[index]
     assert (stored["holder"], stored["generation"]) == ("w2", 2)  # w2's claim stands
     assert pool.conflicts == 1 and pool.view.is_set_aside("mine")
+
+
+def test_a_dispatched_worker_watches_only_its_own_part_and_the_whole_pool_once_it_lapses(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch of scope in both drivers (issue 30): new feeds, the old ones stopped, and
+    the job held across both switches never out of view."""
+    from datetime import timedelta
+
+    from joblease.core.scope import FULL, Scope
+    from support.fakekube import T_NOW
+
+    api = server(available("held"))
+    pool, first = pool_over(kind, api, pools, monkeypatch, slots=1)
+    assert pool.claim_next("w", timeout=0) is not None  # an answer: the server's time known
+    engine = pool.real.engine
+    engine.presence = Presence("ns", "team=batch", "w", slots=1)  # announced (not run here)
+    pool.on_loop(lambda: engine.dispatcher(T_NOW + timedelta(hours=1)))
+    narrow = [started(pool.feeds, 2), started(pool.feeds, 3)]
+    assert [feed.fields for feed in narrow] == list(Scope("w").fields())
+    deadline = time.monotonic() + 5
+    while pool.real.scope != Scope("w"):
+        assert time.monotonic() < deadline, "the view never became the narrow scope's"
+        time.sleep(0.01)
+    assert first.stopped.wait(5) and pool.real.view.get("held") is not None
+    pool.on_loop(lambda: engine.dispatcher(None))  # the record is gone: turns, the whole pool
+    whole = started(pool.feeds, 4)
+    assert whole.fields is None and all(feed.stopped.wait(5) for feed in narrow)
+    while pool.real.scope != FULL or engine.scopes != 3:
+        assert time.monotonic() < deadline + 5, "the view never became the whole pool's"
+        time.sleep(0.01)
+    assert pool.real.view.get("held") is not None and len(pool.feeds) == 4

@@ -41,7 +41,7 @@ class Collect:
     def workers(self, live: dict[str, datetime]) -> None:
         self.seen.append(live)
 
-    def dispatcher(self, until: datetime | None) -> None:
+    def dispatcher(self, until: datetime | None, unfinished: int | None = None) -> None:
         self.dispatchers.append(until)
 
 

@@ -4,7 +4,9 @@ The engine (``joblease.core.pool_engine.PoolEngine``) is the one copy of both po
 decisions: which cached lease to claim (``PoolView``: priority, then age, one owner per job
 and turns), how long to wait and on which clock, what a refusal means, what a claimer sees
 before the first list, and presence. This module only drives it — one task awaits the one
-feed of both pools (``joblease.core.feed.Feed``) into the engine, another runs presence,
+feed of both pools (``joblease.core.feed.Feed``) into the engine — one per stream of the
+scope the engine wants (``joblease.core.scope``: the whole pool, or, while a dispatcher
+lives, this worker's jobs and those that did not opt in) — another runs presence,
 and each ``claim_next`` asks the engine, claims with the one claim operation of both pools
 (``joblease.core.claiming``) and waits when told to, on an event (``joblease.sdk.Pool``
 waits on a condition, in threads):
@@ -30,9 +32,10 @@ from typing import Generic, Protocol, TypeVar, cast
 
 from joblease.core.asteps import AsyncPort, adrive
 from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen
-from joblease.core.feed import WATCH_SECONDS, Feed
+from joblease.core.feed import WATCH_SECONDS, Feed, FeedSink
 from joblease.core.pool_engine import Adopt, Ask, EngineFront, PoolClock, PoolEngine, Wait
 from joblease.core.presence import Presence
+from joblease.core.scope import Scope
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
 from joblease.domain.token import FencingToken
@@ -87,7 +90,8 @@ class AsyncPool(EngineFront, Generic[L]):
     Attributes:
         engine: The pool's decisions and state (``joblease.core.pool_engine``).
         view: The engine's cache (``PoolView``) the watch keeps current.
-        feed: The list+watch (its ``counts``).
+        feed: The list+watch of the whole pool (its ``counts``); the latest one.
+        feeds: The feeds of the scope running now (one per stream).
     """
 
     def __init__(self, client: AsyncPoolClient[L], selector: str | None, *,
@@ -101,7 +105,9 @@ class AsyncPool(EngineFront, Generic[L]):
                                  presence=presence, wake=self._signal, slots=slots)
         self.view: PoolView = self.engine.view
         self._follower: asyncio.Task[None] | None = None
-        self.feed = Feed(client.namespace, selector, watch_seconds=watch_seconds)
+        self._watch_seconds = watch_seconds
+        self.feed = self._new_feed(None)
+        self.feeds: list[Feed] = []
         self._port = AsyncPort(client.store, claim=client.claim)  # the public claim()
         self._presence_task: asyncio.Task[None] | None = None
 
@@ -230,16 +236,48 @@ class AsyncPool(EngineFront, Generic[L]):
             self._follower = asyncio.get_running_loop().create_task(
                 self._follow(), name=f"joblease-pool-{self.selector}")
 
+    def _new_feed(self, fields: str | None) -> Feed:
+        return Feed(self.client.namespace, self.selector, watch_seconds=self._watch_seconds,
+                    fields=fields)
+
     async def _follow(self) -> None:
-        """List, then watch from the list's version; resume after each end; list after 410."""
+        """Run the scope the engine wants, switching when it wants another, until closed."""
+        first = True
+        while not self.engine.closed:
+            scope = self.engine.wanted_scope()
+            feeds = [self.feed if first and field is None else self._new_feed(field)
+                     for field in scope.fields()]
+            first = False
+            if not scope.narrow:
+                self.feed = feeds[0]
+            await self._run_scope(scope, feeds)
+
+    async def _run_scope(self, scope: Scope, feeds: list[Feed]) -> None:
+        """Run ``feeds`` (one per stream of ``scope``) until the engine wants another scope."""
+        epoch = self.engine.open_scope(scope)
+        self.feeds = feeds
+        loop = asyncio.get_running_loop()
+        tasks = [loop.create_task(self._stream(feed, self.engine.stream_sink(epoch, i)),
+                                  name=f"joblease-feed-{self.selector}#{i}")
+                 for i, feed in enumerate(feeds)]
         try:
-            await self._feed()
-        except Exception as err:  # a bug must not leave claimers waiting on a dead watch
+            while not self.engine.closed and self.engine.wanted_scope() == scope:
+                await _until(self._changed, self.engine.scope_wake())
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+
+    async def _stream(self, feed: Feed, sink: FeedSink) -> None:
+        """One stream's list+watch; a bug must not leave claimers waiting on a dead watch."""
+        try:
+            await self._feed(feed, sink)
+        except Exception as err:
             self.engine.died(err)
 
-    async def _feed(self) -> None:
-        """The one feed (``joblease.core.feed.Feed``), awaited; it ends only by cancellation."""
-        await adrive(self.feed.steps(self.engine), AsyncPort(self.client.store))
+    async def _feed(self, feed: Feed, sink: FeedSink) -> None:
+        """One feed (``joblease.core.feed.Feed``), awaited; it ends only by cancellation."""
+        await adrive(feed.steps(sink), AsyncPort(self.client.store))
 
     # -- presence -------------------------------------------------------------------------------
 

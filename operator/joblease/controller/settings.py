@@ -41,6 +41,10 @@ DISPATCH_POOLS_ENV = "JOBLEASE_DISPATCH_POOLS"
 KUBECONFIG_ENV = "KUBECONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 MAX_WRITERS = 64
+# 8, not 4: each expiry is a read and a conditional write, so the writers mostly wait on the
+# API server; 500 due at once on a shared 2-CPU machine expired at 35-42/s with 4 and 51-79/s
+# with 8 (p99 13.3-14.7 s against 6.4-9.2 s; docs/benchmarks.md, issue 28).
+DEFAULT_WRITERS = 8
 # A kopf namespace pattern: an exact name (a DNS-1123 label), or a glob with * and ?,
 # optionally negated with a leading "!". Anything else watches nothing, silently.
 _NAMESPACE = re.compile(r"^!?[a-z0-9*?]([-a-z0-9*?]{0,61}[a-z0-9*?])?$")
@@ -181,7 +185,7 @@ SETTINGS: tuple[_Setting, ...] = (
              metavar="SECONDS"),
     _Setting("writers", "--writers", _int_range(1, MAX_WRITERS), WRITERS_ENV,
              help="threads that write one pass's due transitions (1 writes them in line; "
-                  f"default 4; also ${WRITERS_ENV})", metavar="N"),
+                  f"default {DEFAULT_WRITERS}; also ${WRITERS_ENV})", metavar="N"),
     _Setting("max_server_skew", "--max-server-skew", _seconds(minimum=0),
              MAX_SERVER_SKEW_ENV,
              help="assumed maximum difference between API servers' clocks in seconds, "
@@ -229,7 +233,7 @@ class OperatorSettings:
     health_addr: str = "127.0.0.1:8081"
     health_file: Path | None = None
     margin_seconds: float = DEFAULT_MARGIN.total_seconds()  # the holders' default too
-    writers: int = 4
+    writers: int = DEFAULT_WRITERS
     max_server_skew: float = 0.0
     clock_track_ttl: float = DEFAULT_TRACK_TTL
     log_level: str = "INFO"

@@ -45,6 +45,7 @@ from joblease.core.presence import (
     PATH,
     POOL_LABEL,
     ROLE_LABEL,
+    UNFINISHED_ANNOTATION,
     announced_slots,
     live_records,
     micro_time,
@@ -109,12 +110,15 @@ class DispatcherRecord:
         self.seconds = seconds
         self._path = PATH.format(namespace=namespace)
 
-    def hold_steps(self) -> Steps[bool]:
+    def hold_steps(self, unfinished: int | None = None) -> Steps[bool]:
         """One round of leader election: ``True`` while this replica holds the record.
 
         Creates the record if there is none, renews it if it is ours, takes it over once
         lapsed on the server's earliest time; each write is conditional (a create, or a
         patch carrying the resourceVersion read), so two replicas never both win a round.
+        ``unfinished`` (the pool's unfinished jobs, as the dispatcher's view counts them)
+        is published with each write: workers that watch only their own jobs learn from it
+        when the pool is empty (``joblease work --until-empty``).
         """
         now: ServerNow = yield ServerTime()
         try:
@@ -122,7 +126,8 @@ class DispatcherRecord:
                                                            _raw))
         except NotFoundError:
             try:
-                yield Call(LeaseCall("POST", self._path, _raw, body=self._body(now)))
+                yield Call(LeaseCall("POST", self._path, _raw,
+                                     body=self._body(now, unfinished)))
             except ConflictError:
                 return False
             return True
@@ -131,7 +136,7 @@ class DispatcherRecord:
         if not mine and read is not None and now.earliest < read[1]:
             return False  # another replica holds it
         meta = {"resourceVersion": current["metadata"]["resourceVersion"],
-                "annotations": {REPLICA_ANNOTATION: self.replica}}
+                "annotations": self._annotations(unfinished)}
         try:
             yield Call(LeaseCall("PATCH", f"{self._path}/{self.name}", _raw,
                                  body={"metadata": meta, "spec": self._spec(now)},
@@ -162,11 +167,17 @@ class DispatcherRecord:
         return {"holderIdentity": self.identity, "leaseDurationSeconds": self.seconds,
                 "renewTime": micro_time(now.midpoint)}
 
-    def _body(self, now: ServerNow) -> dict[str, Any]:
+    def _annotations(self, unfinished: int | None) -> dict[str, str]:
+        annotations = {REPLICA_ANNOTATION: self.replica}
+        if unfinished is not None:
+            annotations[UNFINISHED_ANNOTATION] = str(unfinished)
+        return annotations
+
+    def _body(self, now: ServerNow, unfinished: int | None = None) -> dict[str, Any]:
         return {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": {"name": self.name,
                              "labels": {POOL_LABEL: self.pool, ROLE_LABEL: DISPATCHER_ROLE},
-                             "annotations": {REPLICA_ANNOTATION: self.replica}},
+                             "annotations": self._annotations(unfinished)},
                 "spec": {**self._spec(now), "acquireTime": micro_time(now.midpoint)}}
 
 
@@ -319,8 +330,10 @@ class Dispatcher:
             return
 
     def _hold(self, port: SyncPort) -> bool:
+        with self._lock:
+            unfinished = self.view.unfinished() if self._synced else None
         try:
-            return drive(self.record.hold_steps(), port)
+            return drive(self.record.hold_steps(unfinished), port)
         except ApiError as err:
             log.warning("dispatcher of %r: its record: %s", self.selector, err)
             return False

@@ -36,7 +36,9 @@ so the cache holds only work that may still run. An API server without selectabl
 (before Kubernetes 1.31) refuses the field selector with 400; the feed then filters the
 same way on its side (a finished lease arrives as DELETED). A feed built with
 ``include_finished`` (the operator's: it deletes finished leases after their TTL) sends no
-field selector and keeps them.
+field selector and keeps them. A feed built with ``fields`` narrows its selection further
+(a dispatched worker's two streams, ``joblease.core.scope``); refused, it falls back to
+the whole selection, a superset, which costs events but never a job.
 """
 
 from __future__ import annotations
@@ -177,8 +179,10 @@ class Feed:
         include_finished: Keep finished leases too (no filter anywhere; the operator).
         decode: Turns one raw object into its record (default ``Observed.from_object``).
         on_unreadable: Told of each object ``decode`` refused (besides the count and log).
+        fields: A field selector that narrows the selection (with ``server_filter``).
 
     Attributes:
+        fields: The field selector that narrows the selection (``None``: none).
         resource_version: Where the next watch resumes (``None``: list first).
         counts: What happened so far.
     """
@@ -187,14 +191,16 @@ class Feed:
                  watch_seconds: int = WATCH_SECONDS, page_size: int = PAGE_SIZE,
                  server_filter: bool = True, include_finished: bool = False,
                  decode: Decode = Observed.from_object,
-                 on_unreadable: Unreadable | None = None) -> None:
+                 on_unreadable: Unreadable | None = None, fields: str | None = None) -> None:
         self.namespace = namespace
         self.label_selector = label_selector or ""
         self.watch_seconds = watch_seconds
         self.page_size = page_size
         self.include_finished = include_finished
+        self.fields = fields
         self.field_selector: str | None = (
-            UNFINISHED if server_filter and not include_finished else None)
+            ",".join(filter(None, (fields, UNFINISHED)))
+            if server_filter and not include_finished else None)
         self.resource_version: str | None = None
         self.counts = FeedCounts()
         self._decode = decode
@@ -328,18 +334,18 @@ class LeaseFeed(Feed):
     Args:
         store: Reads through its ``KubeApi`` (one identity, one server-clock estimate).
         namespace, label_selector, watch_seconds, page_size, server_filter,
-            include_finished, decode, on_unreadable: As :class:`Feed`.
+            include_finished, decode, on_unreadable, fields: As :class:`Feed`.
     """
 
     def __init__(self, store: LeaseStore, namespace: str, label_selector: str | None, *,
                  watch_seconds: int = WATCH_SECONDS, page_size: int = PAGE_SIZE,
                  server_filter: bool = True, include_finished: bool = False,
                  decode: Decode = Observed.from_object,
-                 on_unreadable: Unreadable | None = None) -> None:
+                 on_unreadable: Unreadable | None = None, fields: str | None = None) -> None:
         super().__init__(namespace, label_selector, watch_seconds=watch_seconds,
                          page_size=page_size, server_filter=server_filter,
                          include_finished=include_finished, decode=decode,
-                         on_unreadable=on_unreadable)
+                         on_unreadable=on_unreadable, fields=fields)
         self.store = store
         self._stopped = threading.Event()
         self._port = SyncPort(store, stop=self._stopped)

@@ -18,7 +18,14 @@ wait; ``live_workers`` sent a request in one and read the clock estimate in the 
 * :meth:`PoolEngine.settle` folds a claim's outcome in (``joblease.core.claiming`` made it):
   a won lease is learned, a refusal sets the name aside until a newer version (a claim that
   itself wrote Failed is learned instead), and the name is handed back to the siblings;
-* :meth:`PoolEngine.unfinished`, :meth:`PoolEngine.live_workers`, :meth:`PoolEngine.announce`.
+* :meth:`PoolEngine.unfinished`, :meth:`PoolEngine.live_workers`, :meth:`PoolEngine.announce`;
+* :meth:`PoolEngine.wanted_scope` says what the feed must list and watch (issue 30): the
+  whole pool, or, while a dispatcher lives, only this worker's jobs and the jobs that did
+  not opt in (``joblease.core.scope``); :meth:`PoolEngine.open_scope` and
+  :meth:`PoolEngine.stream_sink` fold the new scope's streams into the view, which keeps
+  the old scope's content until every new stream has listed. The drivers run one feed per
+  stream and switch when the wanted scope changes (a presence list, or the record's lapse,
+  :meth:`PoolEngine.scope_wake`).
 
 **One clock** (:class:`PoolClock`): the client's transport. Deadlines and waits are counted on
 its ``monotonic()``, the jobs are judged on its server-time estimate at that instant, and a
@@ -46,6 +53,7 @@ from typing import Any, Protocol, TypeVar
 
 from joblease.core.claiming import PooledLease
 from joblease.core.presence import Presence
+from joblease.core.scope import FULL, Scope, StreamMerge
 from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
@@ -154,6 +162,14 @@ class PoolEngine:
         watch_errors: Lists or watches that failed and were retried.
         presence: This worker's presence (``None`` until announced, or when off).
         changes: Moves on every change; a driver waits for it to move.
+        events: Watch events with an object the feeds delivered (what a worker decodes
+            per job: the narrow scope's point).
+        listed: Objects the feeds' lists delivered.
+        scope: The scope the view is complete for (the last whose every stream listed).
+        scopes: Scopes opened (the first one included): how often the feed switched.
+        pool_unfinished: The unfinished jobs of the whole pool as the dispatcher last
+            published them in its record (``None``: not published): how a narrow worker
+            knows the pool is empty (``until_empty``).
     """
 
     def __init__(self, namespace: str, selector: str | None, clock: PoolClock, *,
@@ -180,12 +196,21 @@ class PoolEngine:
         self._dead: Exception | None = None
         self._claiming: set[str] = set()  # names this pool's claimers are claiming now
         self._presence_names: set[str] = set()
+        self.events = 0
+        self.listed = 0
+        self.scope: Scope = FULL
+        self.scopes = 0
+        self.pool_unfinished: int | None = None
+        self._epoch = 0  # the scope opened last; a stopped scope's late deliveries are dropped
+        self._opening: Scope = FULL
+        self._merge: StreamMerge | None = None  # None: one stream, the view itself
 
     # -- what the feed and presence deliver (FeedSink, PresenceSink) -----------------------
 
     def replace(self, items: list[Observed], resource_version: str) -> None:
         """A complete list: the view starts over; a claimer waiting for it goes on."""
         with self._guard:
+            self.listed += len(items)
             self.view.replace(items, resource_version)
             self._synced, self._trouble = True, None
             self._changed()
@@ -193,6 +218,7 @@ class PoolEngine:
     def apply(self, event_type: str, obs: Observed) -> None:
         """A watch event."""
         with self._guard:
+            self.events += 1
             self.view.apply(event_type, obs)
             self._changed()
 
@@ -219,11 +245,92 @@ class PoolEngine:
             self._presence_names = set(live)
             self._changed()
 
-    def dispatcher(self, until: datetime | None) -> None:
-        """The dispatcher's record just listed: while it lives, this worker only adopts."""
+    def dispatcher(self, until: datetime | None, unfinished: int | None = None) -> None:
+        """The dispatcher's record just listed: while it lives, this worker only adopts.
+
+        ``unfinished``: the pool's unfinished jobs the record publishes (a narrow worker's
+        only way to know the pool is empty).
+        """
         with self._guard:
-            if until != self.dispatcher_until:
-                self.dispatcher_until = until
+            if (until, unfinished) != (self.dispatcher_until, self.pool_unfinished):
+                self.dispatcher_until, self.pool_unfinished = until, unfinished
+                self._changed()
+
+    # -- the feed's scope (issue 30: a dispatched worker watches only its own jobs) ----------
+
+    def wanted_scope(self) -> Scope:
+        """What the feed should list and watch now (``joblease.core.scope``).
+
+        Narrow while this worker is dispatched (:meth:`dispatched`: it announced its slots,
+        and the dispatcher's record is live on the server's earliest time); the whole pool
+        otherwise — before the first claim names the worker, and from the instant the
+        record lapses, since taking turns needs the whole view.
+        """
+        with self._guard:
+            presence = self.presence
+            if presence is None or self.closed or not self.clock.known():
+                return FULL
+            if not self.dispatched(self.clock.server_now()):
+                return FULL
+            return Scope(presence.holder)
+
+    def scope_wake(self) -> float | None:
+        """Local seconds until the wanted scope may change with no event (the record lapses)."""
+        with self._guard:
+            until = self.dispatcher_until
+            if until is None or not self.clock.known():
+                return None
+            if not self.dispatched(self.clock.server_now()):
+                return None  # lapsed already (or not announced): only a presence list changes it
+            return self._until_wake(until)
+
+    def open_scope(self, scope: Scope) -> int:
+        """The driver starts ``scope``'s feeds: their sinks are ``stream_sink(epoch, i)``.
+
+        Returns the epoch; what feeds of an earlier one still deliver is dropped. The view
+        keeps what it shows until every stream of ``scope`` has listed.
+        """
+        with self._guard:
+            self._epoch += 1
+            self.scopes += 1
+            self._opening = scope
+            self._merge = StreamMerge(len(scope.fields())) if scope.narrow else None
+            return self._epoch
+
+    def stream_sink(self, epoch: int, index: int) -> StreamSink:
+        """The sink of stream ``index`` of the scope opened as ``epoch``."""
+        return StreamSink(self, epoch, index)
+
+    def stream_listed(self, epoch: int, index: int, items: list[Observed],
+                      resource_version: str) -> None:
+        """A stream's complete list; the view becomes the new scope's once all have listed."""
+        with self._guard:
+            if epoch != self._epoch:
+                return
+            self.listed += len(items)
+            union = items if self._merge is None else self._merge.listed(index, items)
+            if union is None:
+                return
+            self.view.replace(union, resource_version)
+            self.scope = self._opening
+            self._synced, self._trouble = True, None
+            self._changed()
+
+    def stream_trouble(self, epoch: int, error: ApiError) -> None:
+        """A stream's list or watch failed (its feed retries): as :meth:`trouble`."""
+        if epoch == self._epoch:
+            self.trouble(error)
+
+    def stream_event(self, epoch: int, index: int, event_type: str, obs: Observed) -> None:
+        """A stream's watch event (with an object), folded into the view."""
+        with self._guard:
+            if epoch != self._epoch:
+                return
+            self.events += 1
+            out = ((event_type, obs) if self._merge is None
+                   else self._merge.event(index, event_type, obs))
+            if out is not None:
+                self.view.apply(*out)
                 self._changed()
 
     # -- the pool's life ------------------------------------------------------------------
@@ -286,7 +393,7 @@ class PoolEngine:
             if chosen is not None:
                 self._claiming.add(chosen.name)  # siblings choose others meanwhile
                 return chosen
-            if ask.until_empty and self.view.unfinished() == 0:
+            if ask.until_empty and self._pool_unfinished() == 0:
                 return None
             left = self._left(ask.end)
             if left is not None and left <= 0:
@@ -363,9 +470,29 @@ class PoolEngine:
             return Wait(left)
 
     def unfinished(self) -> int:
-        """Leases not Completed or Failed, as last listed and watched (call after a list)."""
+        """Leases not Completed or Failed, as last listed and watched (call after a list).
+
+        A narrow view (:attr:`scope`) holds only this worker's jobs and those that did not
+        opt in: the pool's count is then the dispatcher's (:attr:`pool_unfinished`), or
+        this view's if that is higher (fresher).
+
+        Raises:
+            UnavailableError: narrow, and the dispatcher published no count.
+        """
         with self._guard:
-            return self.view.unfinished()
+            count = self._pool_unfinished()
+            if count is None:
+                raise UnavailableError(0, "NotSynced", f"JobLease pool {self.selector!r}: "
+                                       "watching only its own jobs, and the dispatcher's "
+                                       "record tells no count of the pool's")
+            return count
+
+    def _pool_unfinished(self) -> int | None:
+        """The pool's unfinished jobs as far as known (``None``: not known, narrow)."""
+        mine = self.view.unfinished()
+        if not self.scope.narrow:
+            return mine
+        return None if self.pool_unfinished is None else max(mine, self.pool_unfinished)
 
     def live_workers(self) -> list[str]:
         """The pool's workers alive now as the engine knows them (no request, ever).
@@ -425,9 +552,47 @@ class EngineFront:
         """Lists or watches that failed and were retried (with backoff)."""
         return self.engine.watch_errors
 
+    @property
+    def events(self) -> int:
+        """Watch events with an object this worker's feeds decoded (every stream, scope)."""
+        return self.engine.events
+
+    @property
+    def scope(self) -> Scope:
+        """What the view is complete for: the whole pool, or only this worker's part."""
+        return self.engine.scope
+
     def live_workers(self) -> list[str]:
         """The pool's workers alive now as it knows them (presence records, holders seen)."""
         return self.engine.live_workers()
+
+
+class StreamSink:
+    """One stream's :class:`~joblease.core.feed.FeedSink`: its deliveries, tagged for the engine.
+
+    Args:
+        engine: The pool's engine.
+        epoch: The scope the stream belongs to (``PoolEngine.open_scope``).
+        index: The stream's place in its scope's ``fields()``.
+    """
+
+    def __init__(self, engine: PoolEngine, epoch: int, index: int) -> None:
+        self.engine, self.epoch, self.index = engine, epoch, index
+
+    def replace(self, items: list[Observed], resource_version: str) -> None:
+        """The stream's complete list."""
+        self.engine.stream_listed(self.epoch, self.index, items, resource_version)
+
+    def apply(self, event_type: str, obs: Observed) -> None:
+        """The stream's watch event."""
+        self.engine.stream_event(self.epoch, self.index, event_type, obs)
+
+    def bookmark(self, resource_version: str) -> None:
+        """Nothing to do: each stream's feed keeps its own resume point."""
+
+    def trouble(self, error: ApiError) -> None:
+        """A list or watch failed: as for the one feed (``PoolEngine.trouble``)."""
+        self.engine.stream_trouble(self.epoch, error)
 
 
 def _not_dispatched(obs: Observed) -> bool:

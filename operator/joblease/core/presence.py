@@ -50,6 +50,8 @@ POOL_LABEL = "joblease.dev/pool"
 ROLE_LABEL = "joblease.dev/role"  # "dispatcher" on a pool's dispatcher record (issue 30)
 DISPATCHER_ROLE = "dispatcher"
 SLOTS_ANNOTATION = "joblease.dev/slots"  # a worker's slots (its --concurrency), announced
+UNFINISHED_ANNOTATION = "joblease.dev/unfinished"  # the pool's unfinished jobs, as the
+# dispatcher last counted them (its record): a worker watching only its own jobs reads it
 PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
 
 log = logging.getLogger(__name__)
@@ -61,8 +63,11 @@ class PresenceSink(Protocol):
     def workers(self, live: dict[str, datetime]) -> None:
         """The pool's workers as just listed: holder → server time its presence lapses."""
 
-    def dispatcher(self, until: datetime | None) -> None:
-        """The pool's dispatcher record as just listed: when it lapses (``None``: none)."""
+    def dispatcher(self, until: datetime | None, unfinished: int | None = None) -> None:
+        """The pool's dispatcher record as just listed: when it lapses (``None``: none).
+
+        ``unfinished``: the pool's unfinished jobs it publishes (``None``: none published).
+        """
 
 
 def pool_key(selector: str | None) -> str:
@@ -129,7 +134,7 @@ class Presence:
                 yield from self._renew_steps()  # 1
                 items = yield from self._list_steps()  # 2
                 sink.workers(live_records(items))
-                sink.dispatcher(dispatcher_until(items))
+                sink.dispatcher(dispatcher_until(items), dispatcher_unfinished(items))
             except (ForbiddenError, NotFoundError) as err:
                 self._refused(err)
                 return
@@ -219,6 +224,23 @@ def dispatcher_until(items: list[dict[str, Any]]) -> datetime | None:
     times = [read[1] for item in items if role(item) == DISPATCHER_ROLE
              and (read := record_until(item)) is not None]
     return max(times, default=None)
+
+
+def dispatcher_unfinished(items: list[dict[str, Any]]) -> int | None:
+    """The pool's unfinished jobs the latest listed dispatcher record publishes, if any."""
+    latest: tuple[datetime, Any] | None = None
+    for item in items:
+        read = record_until(item) if role(item) == DISPATCHER_ROLE else None
+        if read is not None and (latest is None or read[1] > latest[0]):
+            latest = (read[1], item)
+    if latest is None:
+        return None
+    value = ((latest[1].get("metadata") or {}).get("annotations") or {}).get(
+        UNFINISHED_ANNOTATION)
+    try:
+        return None if value is None else max(0, int(value))
+    except (TypeError, ValueError):
+        return None
 
 
 def role(item: Any) -> str | None:

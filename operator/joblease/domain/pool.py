@@ -550,7 +550,7 @@ def _ready(obs: Observed, now: ServerNow, margin: timedelta) -> bool:
     return at is not None and now.earliest >= at
 
 
-def _newer(obs: Observed, current: Observed) -> bool:
+def is_newer(obs: Observed, current: Observed) -> bool:
     """Whether ``obs`` is the same or a later version than ``current`` (any incarnation).
 
     resourceVersions are opaque strings by contract; the API server's are etcd revisions,
@@ -562,6 +562,9 @@ def _newer(obs: Observed, current: Observed) -> bool:
         return int(obs.resource_version) >= int(current.resource_version)
     except ValueError:
         return True
+
+
+_newer = is_newer
 
 
 def seconds_until_wake(clock: ServerClock, wake: datetime, now: float) -> float:

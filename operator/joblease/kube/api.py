@@ -206,7 +206,8 @@ class WatchStream:
     """One open watch: iterating yields its events (``{"type": ..., "object": {...}}``).
 
     The iteration ends when the server ends the stream (its ``timeoutSeconds``) or
-    :meth:`close` is called, from any thread (a pool being closed, a test forcing a resume).
+    :meth:`close` is called, from any thread (a pool being closed or switching what it
+    watches, a test forcing a resume) — whatever the read raises once it is closed.
     An ``ERROR`` event is raised as the ``ApiError`` its status names (410 → ``GoneError``:
     the resourceVersion is too old, list again); a broken connection as ``UnavailableError``.
     """
@@ -227,10 +228,12 @@ class WatchStream:
                 yield from (self._event(line) for line in lines if line.strip())
             if pending.strip() and not self._closed:
                 yield self._event(pending)
-        except self._errors as err:
-            if self._closed:
-                return
-            raise UnavailableError(0, "Unavailable", f"WATCH {self._path}: {err}") from err
+        except Exception as err:
+            if self._closed:  # closed from another thread: what the read raised is the close
+                return  # (urllib3 may raise anything then: AttributeError, fp set to None)
+            if isinstance(err, self._errors):
+                raise UnavailableError(0, "Unavailable", f"WATCH {self._path}: {err}") from err
+            raise
         self._release()
 
     def close(self) -> None:

@@ -21,9 +21,12 @@ one), and is shared by every thread of a worker that claims from the same select
    transport's clock), or the timeout. There is no polling period.
 
 All that is this module's own is how it waits and what runs where: threads and a
-condition, where ``joblease.aio.AsyncPool`` has tasks and an event. Safety never rests on the
-cache: every claim is a compare-and-swap decided by the same protocol as
-``LeaseClient.claim``; a stale cache only costs a refused write.
+condition, where ``joblease.aio.AsyncPool`` has tasks and an event. One thread runs the
+feed's scope (the engine says which: the whole pool, or, while a dispatcher lives, only
+this worker's jobs and those that did not opt in, ``joblease.core.scope``), with one
+``LeaseFeed`` thread per stream, and switches when the engine's wanted scope changes.
+Safety never rests on the cache: every claim is a compare-and-swap decided by the same
+protocol as ``LeaseClient.claim``; a stale cache only costs a refused write.
 """
 
 from __future__ import annotations
@@ -36,9 +39,10 @@ from types import TracebackType
 from typing import Generic, Protocol, TypeVar, cast
 
 from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen
-from joblease.core.feed import WATCH_SECONDS, LeaseFeed
+from joblease.core.feed import WATCH_SECONDS, FeedSink, LeaseFeed
 from joblease.core.pool_engine import Adopt, Ask, EngineFront, PoolClock, PoolEngine, Wait
 from joblease.core.presence import Presence
+from joblease.core.scope import Scope
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
@@ -107,7 +111,9 @@ class Pool(EngineFront, Generic[L]):
 
     Attributes:
         selector: The label selector.
-        feed: The list+watch (its ``counts`` say how often it listed, watched, met 410).
+        feed: The list+watch of the whole pool (its ``counts`` say how often it listed,
+            watched, met 410); the latest one, when the scope switched.
+        feeds: The feeds of the scope running now (one per stream).
         engine: The pool's decisions and state (``joblease.core.pool_engine``).
         view: The engine's cache (``PoolView``).
     """
@@ -124,10 +130,11 @@ class Pool(EngineFront, Generic[L]):
                                  presence=presence, guard=self._changed,
                                  wake=self._changed.notify_all, slots=slots)
         self.view: PoolView = self.engine.view
-        self.feed = LeaseFeed(client.store, client.namespace, selector,
-                              watch_seconds=watch_seconds)
+        self._watch_seconds = watch_seconds
+        self.feeds: list[LeaseFeed] = []
+        self.feed = self._new_feed(None)
         self._port = SyncPort(client.store, claim=client.claim)  # the public claim()
-        self._thread = threading.Thread(target=self._run_feed, daemon=True,
+        self._thread = threading.Thread(target=self._run_scopes, daemon=True,
                                         name=f"joblease-pool[{selector}]")
         self._thread.start()
         self._presence_stop = threading.Event()
@@ -204,8 +211,9 @@ class Pool(EngineFront, Generic[L]):
             if self._shut:
                 return
             self._shut = True
-        self.feed.stop()
-        self._thread.join(timeout=5)
+        for feed in self.feeds:
+            feed.stop()
+        self._thread.join(timeout=10)
         self._leave()
 
     def __enter__(self) -> Pool[L]:
@@ -268,11 +276,46 @@ class Pool(EngineFront, Generic[L]):
             raise
         return self.engine.settle(job, outcome)
 
-    # -- the feed (its own thread) -----------------------------------------------------------
+    # -- the feeds (a thread for the scope, one per stream) ----------------------------------
 
-    def _run_feed(self) -> None:
+    def _new_feed(self, fields: str | None) -> LeaseFeed:
+        return LeaseFeed(self._client.store, self._client.namespace, self.selector,
+                         watch_seconds=self._watch_seconds, fields=fields)
+
+    def _run_scopes(self) -> None:
+        """Run the scope the engine wants, switching when it wants another, until closed."""
+        first = True
+        while not self.engine.closed:
+            scope = self.engine.wanted_scope()
+            fields = scope.fields()
+            feeds = [self.feed if first and field is None else self._new_feed(field)
+                     for field in fields]
+            first = False
+            if not scope.narrow:
+                self.feed = feeds[0]
+            self._run_scope(scope, feeds)
+
+    def _run_scope(self, scope: Scope, feeds: list[LeaseFeed]) -> None:
+        """Run ``feeds`` (one per stream of ``scope``) until the engine wants another scope."""
+        epoch = self.engine.open_scope(scope)
+        self.feeds = feeds
+        threads = [threading.Thread(target=self._run_feed,
+                                    args=(feed, self.engine.stream_sink(epoch, i)),
+                                    daemon=True, name=f"joblease-feed[{self.selector}]#{i}")
+                   for i, feed in enumerate(feeds)]
+        for thread in threads:
+            thread.start()
+        with self._changed:
+            while not self.engine.closed and self.engine.wanted_scope() == scope:
+                self._changed.wait(timeout=self.engine.scope_wake())
+        for feed in feeds:
+            feed.stop()
+        for thread in threads:
+            thread.join(timeout=5)
+
+    def _run_feed(self, feed: LeaseFeed, sink: FeedSink) -> None:
         try:
-            self.feed.run(self.engine)
+            feed.run(sink)
         except Exception as err:  # a bug must not leave claimers waiting on a dead feed
             self.engine.died(err)
 

@@ -1,0 +1,133 @@
+"""What a pool worker lists and watches: the whole pool, or, while a dispatcher lives, its own.
+
+Issue 30: with turns every worker decodes every event of every job. While the pool's
+dispatcher record is live, a worker that announced its slots chooses no job that opted in to
+dispatch (``PoolEngine.dispatched``): it only adopts what is claimed for it. It then needs
+two parts of the pool only, as a kubelet needs only the pods bound to it:
+
+* the jobs it holds — ``status.holder=<itself>`` (its assignments, adopted or not, and what
+  it claimed by turns);
+* the jobs that did not opt in — ``spec.dispatch.enabled!=true`` — which it still takes by
+  turns, so this part must be complete (an absent field matches ``!=true``: the cluster
+  test ``test_dispatch_feed`` checks it on the real API server).
+
+A :class:`Scope` names those field selectors, one list+watch stream each; a
+:class:`StreamMerge` folds the streams into one view keyed by name. The rule deciding the
+scope (``PoolEngine.wanted_scope``) and the folding are written once here and in the engine;
+the thread and the asyncio pool only run one feed per field selector.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from joblease.domain.lease import Observed
+from joblease.domain.pool import is_newer
+
+NOT_DISPATCHED = "spec.dispatch.enabled!=true"
+
+
+def escape_field_value(value: str) -> str:
+    """``value`` escaped for a field selector, as ``fields.EscapeValue`` does in Kubernetes."""
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The part of a pool a worker's feed lists and watches.
+
+    Attributes:
+        holder: ``None``: the whole pool (one stream). Else the worker whose own jobs and
+            the jobs that did not opt in are watched (two streams): the narrow scope.
+    """
+
+    holder: str | None = None
+
+    @property
+    def narrow(self) -> bool:
+        """Whether the scope is only the worker's own jobs and those not dispatched."""
+        return self.holder is not None
+
+    def fields(self) -> tuple[str | None, ...]:
+        """One extra field selector per stream (``None``: the pool's whole selection)."""
+        if self.holder is None:
+            return (None,)
+        return (f"status.holder={escape_field_value(self.holder)}", NOT_DISPATCHED)
+
+
+FULL = Scope()
+
+
+class StreamMerge:
+    """Several list+watch streams of one pool folded into one view keyed by name.
+
+    A name is in the view while *any* stream holds it; its version is the newest any stream
+    delivered (the view keeps the newer of two, ``PoolView.apply``). Why a plain union of
+    events is not enough: a job that leaves one stream's selection (a DELETED event, which
+    carries the *old* content) may still be in the other's, and the two streams' events
+    arrive in no agreed order — forgetting it on that DELETED would drop a job the other
+    stream still shows (a job this worker holds, say, that it releases).
+
+    The view changes only once every stream has listed (:meth:`listed` returns the union
+    then), so a switch of scope shows the old scope's view until the new one is complete:
+    a job held across the switch never leaves the view.
+
+    Args:
+        count: How many streams.
+    """
+
+    def __init__(self, count: int) -> None:
+        self._streams: list[dict[str, Observed] | None] = [None] * count
+
+    @property
+    def complete(self) -> bool:
+        """Whether every stream has listed (the view is the union from then on)."""
+        return all(stream is not None for stream in self._streams)
+
+    def listed(self, index: int, items: Iterable[Observed]) -> list[Observed] | None:
+        """Stream ``index`` listed ``items``; the whole view once every stream has listed.
+
+        A re-list of one stream (after a 410) also answers the whole union: the names it
+        no longer shows leave the view unless another stream holds them.
+        """
+        self._streams[index] = {obs.name: obs for obs in items}
+        if not self.complete:
+            return None
+        union: dict[str, Observed] = {}
+        for stream in self._streams:
+            assert stream is not None
+            for name, obs in stream.items():
+                held = union.get(name)
+                if held is None or is_newer(obs, held):
+                    union[name] = obs
+        return list(union.values())
+
+    def event(self, index: int, kind: str, obs: Observed) -> tuple[str, Observed] | None:
+        """Stream ``index``'s watch event; what the view must apply (``None``: nothing yet).
+
+        Before every stream has listed, events only update their stream's list (the view
+        still shows the old scope).
+        """
+        stream = self._streams[index]
+        if stream is None:
+            return None
+        if kind != "DELETED":
+            stream[obs.name] = obs
+            return (kind, obs) if self.complete else None
+        mine = stream.get(obs.name)
+        if mine is not None and mine.uid == obs.uid:
+            del stream[obs.name]
+        if not self.complete:
+            return None
+        other = self._held_elsewhere(index, obs)
+        return ("MODIFIED", other) if other is not None else ("DELETED", obs)
+
+    def _held_elsewhere(self, index: int, obs: Observed) -> Observed | None:
+        """Another stream's version of ``obs``'s incarnation, if one still holds it."""
+        for at, stream in enumerate(self._streams):
+            other = None if at == index or stream is None else stream.get(obs.name)
+            if other is not None and other.uid == obs.uid:
+                return other
+        return None
+

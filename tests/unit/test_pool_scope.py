@@ -1,0 +1,179 @@
+"""A dispatched worker's narrow feed (issue 30): the scope rule and the merge of two streams.
+
+``joblease.core.scope`` folds the streams of a scope (``status.holder=<me>`` and
+``spec.dispatch.enabled!=true``) into one view; ``PoolEngine.wanted_scope`` says when a worker
+watches only those. Each test tries to break one promise: a job one stream still shows never
+leaves the view on the other's DELETED (which carries stale content); a switch of scope
+shows the old view until every new stream listed, so a held job stays in view; a stopped
+scope's late deliveries are dropped; the scope is narrow only while the dispatcher's record
+is live on the server's earliest time; a narrow view never claims the pool empty on its own.
+The real API server's side (what ``!=true`` matches) is ``tests/cluster/test_dispatch_feed.py``.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from joblease.core.pool_engine import Ask, PoolClock, PoolEngine, Wait
+from joblease.core.presence import Presence, dispatcher_unfinished
+from joblease.core.scope import FULL, NOT_DISPATCHED, Scope, StreamMerge, escape_field_value
+from joblease.domain.clock import ServerClock, ServerNow
+from joblease.domain.lease import Observed
+from joblease.kube.api import UnavailableError
+from support.fakekube import T_NOW, lease_object
+
+MARGIN = timedelta(seconds=1)
+
+
+def job(name: str, version: int, uid: str | None = None, **status: Any) -> Observed:
+    obj = lease_object(name, {"phase": "Available", "generation": 0, "epoch": 1, **status})
+    obj["metadata"]["resourceVersion"] = str(version)
+    if uid is not None:
+        obj["metadata"]["uid"] = uid
+    return Observed.from_object(obj)
+
+
+# -- the scope's streams ------------------------------------------------------------------------
+
+def test_the_full_scope_is_one_stream_and_the_narrow_one_two() -> None:
+    assert FULL.fields() == (None,) and not FULL.narrow
+    assert Scope("system:serviceaccount:ns:w1").fields() == (
+        "status.holder=system:serviceaccount:ns:w1", NOT_DISPATCHED)
+
+
+def test_a_holder_is_escaped_as_kubernetes_escapes_field_values() -> None:
+    assert escape_field_value("a,b=c\\d") == "a\\,b\\=c\\\\d"
+    assert Scope("x,status.phase=Held").fields()[0] == "status.holder=x\\,status.phase\\=Held"
+
+
+# -- the merge -----------------------------------------------------------------------------------
+
+def test_nothing_reaches_the_view_until_every_stream_listed_then_the_newest_of_each() -> None:
+    merge = StreamMerge(2)
+    assert merge.listed(0, [job("a", 5), job("both", 7)]) is None
+    assert merge.event(0, "MODIFIED", job("a", 8)) is None  # the view still shows the old scope
+    union = merge.listed(1, [job("b", 6), job("both", 4)])
+    assert union is not None
+    assert sorted((o.name, o.resource_version) for o in union) == [
+        ("a", "8"), ("b", "6"), ("both", "7")]
+
+
+def test_a_delete_from_one_stream_keeps_a_job_the_other_still_shows() -> None:
+    merge = StreamMerge(2)
+    merge.listed(0, [job("mine", 5)])  # held by me, and did not opt in: in both streams
+    merge.listed(1, [job("mine", 5)])
+    # I released it: it left the holder stream (a DELETED with the *old* content) first
+    assert merge.event(0, "DELETED", job("mine", 9)) == ("MODIFIED", job("mine", 5))
+    assert merge.event(1, "MODIFIED", job("mine", 9)) == ("MODIFIED", job("mine", 9))
+    assert merge.event(1, "DELETED", job("mine", 12)) == ("DELETED", job("mine", 12))
+
+
+def test_a_stale_delete_of_an_old_incarnation_keeps_the_new_one() -> None:
+    merge = StreamMerge(2)
+    merge.listed(0, [job("x", 5, uid="old")])
+    merge.listed(1, [])
+    assert merge.event(1, "ADDED", job("x", 20, uid="new")) == ("ADDED", job("x", 20, uid="new"))
+    # the old incarnation's delete arrives late on the other stream: not the new one's
+    assert merge.event(0, "DELETED", job("x", 15, uid="old")) == (
+        "DELETED", job("x", 15, uid="old"))  # the view ignores it: another uid than it holds
+    assert merge.event(1, "DELETED", job("x", 25, uid="new")) == (
+        "DELETED", job("x", 25, uid="new"))
+
+
+def test_a_relist_of_one_stream_drops_only_what_no_stream_shows() -> None:
+    merge = StreamMerge(2)
+    merge.listed(0, [job("a", 1), job("shared", 2)])
+    merge.listed(1, [job("shared", 2), job("b", 3)])
+    union = merge.listed(0, [])  # after a 410: "a" and "shared" left stream 0
+    assert union is not None and sorted(o.name for o in union) == ["b", "shared"]
+
+
+# -- the engine's rule -----------------------------------------------------------------------------
+
+class Clock:
+    """A transport's clocks, set by the test (server time T_NOW at monotonic 100)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.clock = ServerClock()
+        self.clock.observe(100.0, 100.0, int(T_NOW.timestamp()))
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def server_now(self) -> ServerNow:
+        return ServerNow.exact(T_NOW + timedelta(seconds=self.now - 100.0))
+
+
+def narrowable(slots: int | None = 2) -> tuple[PoolEngine, Clock]:
+    """An engine whose worker ``w`` announced ``slots`` (its presence is not run here)."""
+    clock = Clock()
+    engine = PoolEngine("ns", "team=batch", PoolClock(clock, clock.server_now),  # type: ignore[arg-type]
+                        slots=slots)
+    engine.presence = Presence("ns", "team=batch", "w", slots=slots)
+    return engine, clock
+
+
+def test_narrow_only_while_the_record_lives_and_only_for_a_worker_who_announced_slots() -> None:
+    engine, clock = narrowable()
+    assert engine.wanted_scope() == FULL and engine.scope_wake() is None  # no record
+    engine.dispatcher(T_NOW + timedelta(seconds=10))
+    assert engine.wanted_scope() == Scope("w")
+    assert engine.scope_wake() == pytest.approx(10.0, abs=0.01)  # woken when it lapses
+    clock.now = 110.0  # the record's end, on the server's earliest time: turns need it all
+    assert engine.wanted_scope() == FULL and engine.scope_wake() is None
+    unannounced, _ = narrowable(slots=None)
+    unannounced.dispatcher(T_NOW + timedelta(seconds=10))
+    assert unannounced.wanted_scope() == FULL  # never given work: it must see the whole pool
+
+
+def test_a_switch_shows_the_old_view_until_every_new_stream_listed_and_drops_late_ones() -> None:
+    engine, _ = narrowable()
+    full = engine.open_scope(FULL)
+    engine.stream_sink(full, 0).replace([job("held-by-me", 3, holder="w", phase="Held"),
+                                         job("theirs", 4)], "4")
+    narrow = engine.open_scope(Scope("w"))
+    engine.stream_sink(narrow, 0).replace([job("held-by-me", 3, holder="w", phase="Held")], "9")
+    assert engine.view.get("theirs") is not None and engine.scope == FULL  # not complete yet
+    engine.stream_sink(full, 0).apply("ADDED", job("late", 8))  # the stopped feed's last word
+    assert engine.view.get("late") is None
+    engine.stream_sink(narrow, 1).replace([job("plain", 6)], "9")
+    assert engine.scope == Scope("w")
+    assert sorted(o.name for o in engine.view.in_order()) == ["held-by-me", "plain"]
+    assert (engine.listed, engine.events, engine.scopes) == (4, 0, 2)
+
+
+def test_a_narrow_view_counts_the_pool_from_the_dispatchers_record_never_from_itself() -> None:
+    engine, _ = narrowable()
+    engine.dispatcher(T_NOW + timedelta(seconds=10))
+    epoch = engine.open_scope(Scope("w"))
+    engine.stream_sink(epoch, 0).replace([], "5")
+    engine.stream_sink(epoch, 1).replace([], "5")
+    ask = Ask("w", None, 32, until_empty=True)
+    with pytest.raises(UnavailableError):
+        engine.unfinished()  # the record publishes no count: unknown, not 0
+    assert isinstance(engine.decide(ask, MARGIN), Wait)  # the narrow view alone is empty
+    engine.dispatcher(T_NOW + timedelta(seconds=10), unfinished=3)
+    assert engine.unfinished() == 3
+    engine.dispatcher(T_NOW + timedelta(seconds=10), unfinished=0)
+    assert engine.unfinished() == 0 and engine.decide(ask, MARGIN) is None  # the pool is empty
+    engine.stream_sink(epoch, 1).apply("ADDED", job("new", 7))  # fresher than the record
+    assert engine.unfinished() == 1
+
+
+def test_the_count_is_read_from_the_latest_dispatcher_record_only() -> None:
+    def record(renew: str, count: Any) -> dict[str, Any]:
+        annotations = {} if count is None else {"joblease.dev/unfinished": count}
+        return {"metadata": {"labels": {"joblease.dev/role": "dispatcher"},
+                             "annotations": annotations},
+                "spec": {"holderIdentity": "d", "renewTime": renew,
+                         "leaseDurationSeconds": 10}}
+
+    assert dispatcher_unfinished([]) is None
+    assert dispatcher_unfinished([record("2026-01-01T00:00:01.000000Z", "4"),
+                                  record("2026-01-01T00:00:00.000000Z", "9")]) == 4
+    assert dispatcher_unfinished([record("2026-01-01T00:00:01.000000Z", "x")]) is None
+    assert dispatcher_unfinished([record("2026-01-01T00:00:01.000000Z", None)]) is None
