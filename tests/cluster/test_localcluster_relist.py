@@ -36,9 +36,14 @@ def test_a_watch_from_before_a_compacting_restart_is_gone() -> None:
                             f"&resourceVersion={old}&timeoutSeconds=1")
         assert status == 200 and b'"code":410' not in body, body
         compacted: list[int] = []
+        before = next(p for p in cluster.processes if p.name == "kube-apiserver")
         cluster.restart("kube-apiserver",
                         while_down=lambda: compacted.append(cluster.etcd_compact()))
         assert compacted and compacted[0] > int(old)
+        # a graceful restart: the old server exited on its SIGTERM, while the controllers'
+        # watches were open (before its watch grace period it waited for them until the
+        # stop timeout's SIGKILL, -9: 20 s of every restart)
+        assert before.returncode == 0, before.returncode
         status, body = _get(cluster, "/api/v1/namespaces/default/configmaps?watch=true"
                             f"&resourceVersion={old}&timeoutSeconds=1")
         # 410 as the response, or as the stream's ERROR event (kube-apiserver does either)

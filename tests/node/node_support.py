@@ -156,7 +156,10 @@ def worker_pod(name: str, ns: str, args: list[str], *, lease: str | None = None,
                 {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                 {"name": "JL_ENV_GENERATION", "valueFrom": {"fieldRef": {
                     "fieldPath": "metadata.annotations['joblease.dev/generation']"}}},
-                *({"name": k, "value": v} for k, v in (env or {}).items())],
+                # the working tree's product: the .venv's editable install names the main
+                # checkout's operator/, which a worktree's pods do not have mounted
+                *({"name": k, "value": v} for k, v in
+                  {"PYTHONPATH": str(REPO / "operator"), **(env or {})}.items())],
         "volumeMounts": [*({"name": f"host{i}", "mountPath": str(p), "readOnly": True}
                            for i, p in enumerate(mounts)),
                          {"name": "joblease", "mountPath": "/etc/joblease", "readOnly": True}],

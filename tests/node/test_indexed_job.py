@@ -17,6 +17,13 @@ it; the replacement takes the lapsed lease at once) and resumed: its in-flight w
 refused by the fence.
 (c) The Job completes; every index has exactly one Completed JobLease, completed with the
 token of the pod the Job counted as succeeded for that index.
+
+Only the two first holders must write for long (``STEPS``: past the lease that outlives their
+deletion or freezing). Every later pod — the two replacements and indexes 2 and 3 — writes
+``LATER_STEPS`` rows: what the test asks of them (a first row with the next generation, a
+Succeeded pod whose token completes its lease) takes a few rows, and the minute more of rows
+that each wrote before proved nothing more (the run took about 3 minutes). The pods read their
+step count at start from a file the test rewrites once both first holders have written.
 """
 
 from __future__ import annotations
@@ -44,15 +51,19 @@ from support.waiting import wait_for
 # The Job controller counts a deleted pod as failed and creates its replacement after the
 # pod-failure backoff (10 s for the first, doubling): the lease must outlast that for the
 # replacement to be seen waiting. The old holder is deleted just after a renewal, so its
-# lease has DURATION left; each pod writes long enough to outlive it.
+# lease has DURATION left; each first holder writes long enough to outlive it.
 DURATION = 30
 STEPS, STEP_SECONDS = 100, 0.5
+LATER_STEPS = 10  # every pod started after the two first holders wrote
 BACKOFF = 10
 GRACE = 120
 JOB = "ingest"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
-# The hostile worker: SIGTERM ignored, then the example itself.
-WRAPPER = ("import runpy, signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+# The hostile worker: SIGTERM ignored, its step count read from the test's file (the first
+# holders read STEPS, every later pod LATER_STEPS), then the example itself.
+WRAPPER = ("import os, pathlib, runpy, signal; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+           "os.environ['JOBLEASE_STEPS'] = "
+           "pathlib.Path(os.environ['STEPS_FILE']).read_text().strip(); "
            f"runpy.run_path({str(REPO / 'examples' / 'indexed_worker.py')!r}, "
            "run_name='__main__')")
 HEARTBEAT_PROBE = ("import os, sys, time; "
@@ -69,10 +80,14 @@ def operator(node_cluster: NodeCluster, tmp_path: Path) -> Iterator[OperatorProc
     print(op.output(3000))
 
 
-def indexed_job(ns: str, dsn: str) -> dict[str, Any]:
-    """The Job of examples/indexed-job.yaml, on this node (host network, working tree)."""
-    pod = worker_pod("unused", ns, [], command=[str(VENV_PYTHON), "-c", WRAPPER], env={
-        "DATABASE_URL": dsn, "JOBLEASE_LEASE_PREFIX": JOB, "JOBLEASE_STEPS": str(STEPS),
+def indexed_job(ns: str, dsn: str, steps_file: Path) -> dict[str, Any]:
+    """The Job of examples/indexed-job.yaml, on this node (host network, working tree).
+
+    ``steps_file``'s folder is mounted into every pod: each reads its step count there.
+    """
+    pod = worker_pod("unused", ns, [], command=[str(VENV_PYTHON), "-c", WRAPPER],
+                     extra_mounts=(steps_file.parent,), env={
+        "DATABASE_URL": dsn, "JOBLEASE_LEASE_PREFIX": JOB, "STEPS_FILE": str(steps_file),
         "JOBLEASE_STEP_SECONDS": str(STEP_SECONDS), "PYTHONPATH": str(REPO / "operator")})
     spec = pod["spec"]
     spec["containers"][0]["readinessProbe"] = {
@@ -167,6 +182,13 @@ def follow_logs(nc: NodeCluster, ns: str, pod: str, path: Path) -> subprocess.Po
                                 stderr=subprocess.STDOUT)
 
 
+def set_steps(steps_file: Path, steps: int) -> None:
+    """Write the step count the next pods read (renamed into place: never read half-written)."""
+    partial = steps_file.with_suffix(".partial")
+    partial.write_text(str(steps))
+    partial.replace(steps_file)
+
+
 def first_row_of(dsn: str, lease: str, generation: int) -> datetime | None:
     found = [at for gen, _, at in rows(dsn, lease) if gen == generation]
     return found[0] if found else None
@@ -177,7 +199,10 @@ def test_indexed_job_one_fenced_writer_per_index(
         operator: OperatorProcess, tmp_path: Path) -> None:
     nc, ns = node_cluster, node_ns
     dsn = pg.create_database(f"idx_{ns.replace('-', '_')}")
-    nc.apply(indexed_job(ns, dsn))
+    steps_file = tmp_path / "steps" / "count"
+    steps_file.parent.mkdir()
+    set_steps(steps_file, STEPS)
+    nc.apply(indexed_job(ns, dsn, steps_file))
     create_leases(nc, ns)
     listed = nc.kubectl("get", "jl", "-n", ns, "-l", f"joblease.dev/job={JOB}", check=True)
     assert sorted(line.split()[0] for line in listed.stdout.splitlines()[1:]) == [
@@ -193,6 +218,7 @@ def test_indexed_job_one_fenced_writer_per_index(
                             f"index {i}'s pod to hold its lease and write")
                 for i in (0, 1)}
         (p0, n0), (p1, n1) = held[0], held[1]
+        set_steps(steps_file, LATER_STEPS)  # both first holders run: every later pod is short
         claimed_until = wait_for(lambda: log.until.get((f"{JOB}-0", n0)), 10, "the lease log")
 
         # (b) freeze index 1's holder: every process of its container

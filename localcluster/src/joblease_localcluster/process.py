@@ -115,6 +115,15 @@ class ManagedProcess:
         """The PID we started, or None before ``start()``."""
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def returncode(self) -> int | None:
+        """Its exit status once reaped (negative: the signal that ended it), else None.
+
+        Why: a stop that had to escalate ends in ``-9``; a test can tell a graceful
+        stop from one that only looked graceful.
+        """
+        return self._proc.returncode if self._proc is not None else None
+
     def running(self) -> bool:
         """Whether the process we started is still alive."""
         return self._proc is not None and self._proc.poll() is None
