@@ -288,6 +288,8 @@ def test_start_uses_the_settings_and_stop_releases_only_its_own_metrics() -> Non
         a.observe_lease(event(lease_object("late", {**HELD,
                                                     "leaseUntil": "2026-12-03T11:00:00Z"})))
         assert metrics.OVERDUE.measure()[0] == 1  # a's view
+        # its Held leases, not a scan of every lease per scrape (issue 28)
+        assert metrics.OVERDUE._leases == a.view.held
         await b.start()
         assert metrics.OVERDUE.measure() == (0, 0.0)  # b's (empty) view: the latest run
         await a.stop()

@@ -12,6 +12,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from joblease.controller import metrics
 from joblease.controller.reconciler import MAX_IDLE, RETRY, SOON, LeaseView, Reconciler
 from joblease.domain.clock import ServerNow
@@ -240,3 +243,36 @@ def test_a_relist_forgets_only_what_it_did_not_show_in_its_own_scope() -> None:
     assert [o.name for o in gone] == ["gone"]
     assert sorted(o.name for o in view.snapshot()) == ["kept", "other", "x"]
     assert view.phases()[Phase.HELD] == 1
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["put-held", "put-available", "put-expired", "drop",
+                                           "drop-other-uid", "forget", "old-version"]),
+                          st.sampled_from(["a", "b", "c"])), max_size=30))
+def test_the_held_leases_are_exactly_the_views_held_ones_after_any_sequence(
+        steps: list[tuple[str, str]]) -> None:
+    """The overdue gauges read ``held()`` instead of scanning every lease (issue 28): it must
+    equal the scan's answer after every put, late event, drop and re-list."""
+    view = LeaseView()
+    rv = 10
+    for step, name in steps:
+        rv += 1
+        if step == "put-held":
+            view.put(held(name, until=rv, rv=rv))
+        elif step == "put-available":
+            view.put(replace(available(name), resource_version=str(rv)))
+        elif step == "put-expired":
+            base = held(name, until=rv, rv=rv)
+            view.put(replace(base, status=replace(base.status, phase=Phase.EXPIRED)))
+        elif step == "old-version":
+            view.put(held(name, until=rv, rv=1))  # a late event: kept out if a newer is known
+        elif step == "drop":
+            view.drop("ns", name, f"uid-{name}")
+        elif step == "drop-other-uid":
+            view.drop("ns", name, "uid-of-an-earlier-incarnation")
+        else:
+            view.forget_unlisted({("ns", n) for n in "abc" if n != name}, lambda _ns: True)
+        scanned = {o.name: o for o in view.snapshot() if o.status.phase is Phase.HELD}
+        assert {o.name: o for o in view.held()} == scanned
+        assert len(scanned) == view.phases()[Phase.HELD]
+

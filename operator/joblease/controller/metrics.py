@@ -86,7 +86,7 @@ class OverdueCollector:
         self._now: Callable[[], ServerNow] | None = None
 
     def watch(self, leases: Callable[[], list[Observed]], now: Callable[[], ServerNow]) -> None:
-        """Start reporting over ``leases()`` (a snapshot of the view) at server time ``now()``."""
+        """Start reporting over ``leases()`` (the view's Held leases) at server time ``now()``."""
         self._leases, self._now = leases, now
 
     def unwatch(self, leases: Callable[[], list[Observed]]) -> None:

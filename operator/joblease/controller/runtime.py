@@ -87,7 +87,7 @@ class Operator:
         log.info("server clock estimated to ±%.1f ms; settings: %s", error * 1000, settings)
         margin = settings.margin + timedelta(seconds=error)
         self.events = EventPoster(LeaseStore(api))
-        metrics.OVERDUE.watch(self.view.snapshot, api.server_now)
+        metrics.OVERDUE.watch(self.view.held, api.server_now)
         leases = LeaseStore(api, on_conflict=metrics.CONFLICTS.inc)  # every write's 409 counted
         self.reconciler = Reconciler(leases, self.view, margin, events=self.events,
                                      writers=settings.writers)
@@ -130,7 +130,7 @@ class Operator:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks = []
-        metrics.OVERDUE.unwatch(self.view.snapshot)
+        metrics.OVERDUE.unwatch(self.view.held)
         if self.reconciler is not None:
             await asyncio.to_thread(self.reconciler.close)
         if self.events is not None:
