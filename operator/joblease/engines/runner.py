@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TextIO
 
 from joblease.domain.errors import LeaseError
 from joblease.domain.token import HeldToken
@@ -27,6 +27,22 @@ from joblease.engines.supervisor import Supervisor
 from joblease.kube.api import ApiError
 from joblease.sdk.client import Lease
 from joblease.sdk.hold import Holding
+
+_LINES = threading.Lock()
+
+
+def say(line: str, stream: TextIO | None = None) -> None:
+    """Write ``line`` and its newline to ``stream`` (standard error) as one piece.
+
+    Why not ``print``: it writes the text and the newline separately, so two slots of
+    ``joblease work`` finishing at once printed ``a: completedjoblease work: b: completed``
+    on one line, and whoever counts lines (the node test, a log shipper) lost one
+    (docs/safety.md #47).
+    """
+    out = sys.stderr if stream is None else stream
+    with _LINES:
+        out.write(line + "\n")
+        out.flush()
 
 EXIT_LEASE_LOST = 4
 
@@ -75,11 +91,11 @@ class _StopChildOnLoss(Holding):
         if child is None:
             return  # not started yet: run_under_lease checks the loss before starting it
         if child.poll() is not None:
-            print(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); the command "
-                  f"had already ended ({child.returncode})", file=sys.stderr, flush=True)
+            say(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); the command "
+                f"had already ended ({child.returncode})")
             return
-        print(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); stopping the "
-              f"command (pid {child.pid})", file=sys.stderr, flush=True)
+        say(f"joblease run: lease {self.lease.name!r} lost ({self.loss}); stopping the "
+            f"command (pid {child.pid})")
         _signal_group(child, signal.SIGTERM)
         # SIGKILL after the grace, by the deadline at the latest: here (a loss is rare, a
         # thread for it costs nothing per job) and, should this process die meanwhile, by
@@ -207,8 +223,8 @@ def _run(lease: Lease, command: list[str], grace: float, stop: Stopper | None,
     with holding:
         child = holding.start_child(command, env)
         if child is None:
-            print(f"joblease run: lease {lease.name!r} was lost before the command started "
-                  f"({holding.loss}); not starting it", file=sys.stderr, flush=True)
+            say(f"joblease run: lease {lease.name!r} was lost before the command started "
+                f"({holding.loss}); not starting it")
             return RunResult(EXIT_LEASE_LOST, True, False)
         code, interrupted = _wait_for(child, holding, grace, stop, forward_signals)
         if code != 0 and not interrupted:
@@ -219,7 +235,7 @@ def _run(lease: Lease, command: list[str], grace: float, stop: Stopper | None,
             try:
                 holding.complete(f"exit 0: {' '.join(command)[:200]}")
             except (LeaseError, ApiError) as err:
-                print(f"joblease run: completion refused: {err}", file=sys.stderr)
+                say(f"joblease run: completion refused: {err}")
                 return RunResult(code, True, False, interrupted)
     return RunResult(code, holding.loss is not None, holding.completed, interrupted)
 

@@ -40,7 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
 
-from joblease.engines.runner import RunResult, Stopper, run_under_lease
+from joblease.engines.runner import RunResult, Stopper, run_under_lease, say
 from joblease.engines.supervisor import Supervisor
 from joblease.kube.api import ApiError, UnavailableError
 from joblease.sdk.client import Lease
@@ -244,7 +244,7 @@ class WorkPool:
                   f"{counts[1]}")
 
     def _say(self, text: str) -> None:
-        print(f"joblease work: {text}", file=self.out, flush=True)
+        say(f"joblease work: {text}", self.out)
 
     # -- slots -----------------------------------------------------------------------------
 
