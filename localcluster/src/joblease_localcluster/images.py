@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,20 +92,28 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_archive(name: str, layer: Path, config: dict[str, object], out: Path) -> None:
-    """Wrap one layer into a docker-archive that ``ctr images import`` accepts."""
+def write_archive(name: str, layers: Sequence[Path], config: dict[str, object], out: Path
+                  ) -> None:
+    """Write a docker-archive of ``layers`` (bottom first).
+
+    Both ``ctr images import`` (the real node's images, the images inside kind's node) and
+    ``docker load`` (kind's node image itself) read this format, so one writer serves all.
+    """
+    diff_ids = [f"sha256:{_sha256(layer)}" for layer in layers]
     image_config = {"architecture": "amd64", "os": "linux", "config": config,
-                    "rootfs": {"type": "layers", "diff_ids": [f"sha256:{_sha256(layer)}"]}}
+                    "rootfs": {"type": "layers", "diff_ids": diff_ids}}
     config_bytes = json.dumps(image_config, sort_keys=True).encode()
+    names = [f"layer{i}.tar" for i in range(len(layers))]
     manifest = json.dumps([{"Config": "config.json", "RepoTags": [name],
-                            "Layers": ["layer.tar"]}]).encode()
+                            "Layers": names}]).encode()
     tmp = out.with_suffix(".tmp")
     with tarfile.open(tmp, "w") as tar:
         for arcname, data in (("config.json", config_bytes), ("manifest.json", manifest)):
             info = _reset(tarfile.TarInfo(arcname))
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-        tar.add(layer, arcname="layer.tar", filter=_reset)
+        for arcname, layer in zip(names, layers, strict=True):
+            tar.add(layer, arcname=arcname, filter=_reset)
     tmp.rename(out)
 
 
@@ -138,7 +147,7 @@ def pause_archive() -> ImageArchive:
             (rootfs / "bin" / applet).symlink_to("busybox")
         layer = Path(tmp) / "layer.tar"
         _layer_from_dir(rootfs, layer)
-        _write_archive(PAUSE_IMAGE, layer, {"Entrypoint": ["/bin/sh", "-c", PAUSE_SCRIPT]}, out)
+        write_archive(PAUSE_IMAGE, [layer], {"Entrypoint": ["/bin/sh", "-c", PAUSE_SCRIPT]}, out)
     return ImageArchive(PAUSE_IMAGE, out)
 
 
@@ -193,7 +202,7 @@ def base_archive(progress: build.Progress | None = None) -> ImageArchive:
         if cas:
             env += ["PIP_CERT=/etc/ssl/certs/ca-certificates.crt",
                     "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"]
-        _write_archive(BASE_IMAGE, layer, {"Env": env, "Cmd": ["python3"]}, out)
+        write_archive(BASE_IMAGE, [layer], {"Env": env, "Cmd": ["python3"]}, out)
     return ImageArchive(BASE_IMAGE, out)
 
 
@@ -218,4 +227,4 @@ def image_size(path: Path) -> int:
 
 
 __all__ = ["BASE_IMAGE", "PAUSE_IMAGE", "ImageArchive", "ImageError", "base_archive",
-           "extra_ca_files", "image_size", "import_archive", "pause_archive"]
+           "extra_ca_files", "image_size", "import_archive", "pause_archive", "write_archive"]

@@ -23,7 +23,6 @@ naming it and why, so ``make e2e-kind`` fails with that name, never silently.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -37,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from joblease_localcluster import build, images
+from joblease_localcluster.images import write_archive
 from joblease_localcluster.process import ManagedProcess
 
 # bookworm, not kind's trixie: trixie's systemd (257) refuses to boot on a cgroup v1 host,
@@ -136,31 +136,6 @@ def binary_layer(files: dict[str, Path], layer: Path) -> None:
                     tar.addfile(info)
         for arcname, source in sorted(files.items()):
             tar.add(source, arcname=arcname, filter=_reset)
-
-
-def write_archive(name: str, layers: Sequence[Path], config: dict[str, object], out: Path
-                  ) -> None:
-    """Write a docker-archive of ``layers`` (bottom first).
-
-    Both ``docker load`` (the node image) and ``ctr images import`` (the images inside it)
-    read this format, so one writer serves both.
-    """
-    diff_ids = [f"sha256:{images._sha256(layer)}" for layer in layers]
-    image_config = {"architecture": "amd64", "os": "linux", "config": config,
-                    "rootfs": {"type": "layers", "diff_ids": diff_ids}}
-    config_bytes = json.dumps(image_config, sort_keys=True).encode()
-    names = [f"layer{i}.tar" for i in range(len(layers))]
-    manifest = json.dumps([{"Config": "config.json", "RepoTags": [name],
-                            "Layers": names}]).encode()
-    tmp = out.with_suffix(".tmp")
-    with tarfile.open(tmp, "w") as tar:
-        for arcname, data in (("config.json", config_bytes), ("manifest.json", manifest)):
-            info = _reset(tarfile.TarInfo(arcname))
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        for arcname, layer in zip(names, layers, strict=True):
-            tar.add(layer, arcname=arcname, filter=_reset)
-    tmp.rename(out)
 
 
 def binary_image(name: str, files: dict[str, Path], config: dict[str, object],
