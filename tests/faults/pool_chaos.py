@@ -45,13 +45,9 @@ if _TESTS_DIR not in sys.path:  # `python -m tests.faults.pool_chaos` (make pool
     sys.path.insert(0, _TESTS_DIR)
 
 from joblease.core.claiming import REFUSED as CLAIM_REFUSED  # noqa: E402
-from joblease.core.dispatcher import PASS_OVER_SECONDS, Dispatcher  # noqa: E402
-from joblease.core.steps import SyncPort, drive  # noqa: E402
-from joblease.core.transaction import transaction  # noqa: E402
+from joblease.core.dispatcher import Dispatcher  # noqa: E402
+from joblease.core.transaction import Outcome  # noqa: E402
 from joblease.domain.dispatch import Queued  # noqa: E402
-from joblease.domain.holder import ClaimDecider  # noqa: E402
-from joblease.domain.lease import dispatch_claim_id  # noqa: E402
-from joblease.kube.identity import new_claim_id  # noqa: E402
 from support.paths import REPO  # noqa: E402
 from support.waiting import retry, wait_for  # noqa: E402
 
@@ -383,37 +379,23 @@ class RecordedDispatcher(Dispatcher):
         self.recorder = Recorder(history / "dispatcher.jsonl", "dispatcher", bounds)
         return self
 
-    def _claim(self, queued: Queued, worker: str, margin: Any) -> None:
-        """``Dispatcher._claim``, each write recorded as a claim for ``worker``."""
-        job, rec = queued.job, self.recorder
-        op = rec.invoke("claim", job.name, holder=worker, assign=True)
-        decide = ClaimDecider(worker, margin, dispatch_claim_id(new_claim_id()),
-                              reassign=queued.reassign)
+    def _write_claim(self, queued: Queued, worker: str, margin: Any) -> Outcome:
+        """``Dispatcher._write_claim``, each write recorded as a claim for ``worker``."""
+        rec = self.recorder
+        op = rec.invoke("claim", queued.job.name, holder=worker, assign=True)
         try:
-            outcome = drive(transaction(self.namespace, job.name, decide, self.api.monotonic,
-                                        observed=job, max_conflicts=1), SyncPort(self.store))
+            outcome = super()._write_claim(queued, worker, margin)
         except CLAIM_REFUSED as refusal:
             rec.complete(op, REFUSED, **classify(refusal)[1])
-            self._failed(job, worker, refusal, set_aside=True)
-            return
+            raise
         except Exception as err:
             status, fields = classify(err)
             rec.complete(op, status, **fields)
-            self._failed(job, worker, err, set_aside=False)
-            return
+            raise
         st = outcome.observed.status
         rec.complete(op, OK, generation=st.generation, epoch=st.epoch,
                      lease_until=ms(st.lease_until), holder=st.holder)
-        with self._lock:
-            self._flying.pop(job.name, None)
-            self.view.learn(outcome.observed)
-            self.counts.assigned += 1
-            if queued.reassign:
-                self.counts.reassigned += 1
-                previous = job.status.holder
-                if previous is not None and previous in self._live:  # live, never adopted
-                    self.passed_over[previous] = self.api.monotonic() + PASS_OVER_SECONDS
-            self._lock.notify_all()
+        return outcome
 
     def kill(self) -> None:
         self.killed_ns = self.killed_ns or time.monotonic_ns()

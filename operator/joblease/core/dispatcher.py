@@ -53,7 +53,7 @@ from joblease.core.presence import (
     record_until,
 )
 from joblease.core.steps import Call, Steps, Stopped, SyncPort, Whoami, drive
-from joblease.core.transaction import transaction
+from joblease.core.transaction import Outcome, transaction
 from joblease.domain.clock import ServerNow
 from joblease.domain.dispatch import (
     ADOPT_WITHIN,
@@ -384,15 +384,19 @@ class Dispatcher:
     def _skipped(self) -> set[str]:
         return set(self._flying) | set(self._retry_at) | self.view.set_aside_names()
 
+    def _write_claim(self, queued: Queued, worker: str, margin: timedelta) -> Outcome:
+        """The assignment's one conditional write (a test records it by wrapping this)."""
+        decide = ClaimDecider(worker, margin, dispatch_claim_id(new_claim_id()),
+                              reassign=queued.reassign)
+        return drive(transaction(self.namespace, queued.job.name, decide, self.api.monotonic,
+                                 observed=queued.job, max_conflicts=1),
+                     SyncPort(self.store))
+
     def _claim(self, queued: Queued, worker: str, margin: timedelta) -> None:
         """Write one assignment (a conditional write); fold its answer into the queue."""
         job = queued.job
-        decide = ClaimDecider(worker, margin, dispatch_claim_id(new_claim_id()),
-                              reassign=queued.reassign)
         try:
-            outcome = drive(transaction(self.namespace, job.name, decide, self.api.monotonic,
-                                        observed=job, max_conflicts=1),
-                            SyncPort(self.store))
+            outcome = self._write_claim(queued, worker, margin)
         except REFUSED as refusal:  # someone else wrote it: wait for the watch's newer version
             self._failed(job, worker, refusal, set_aside=True)
             return
