@@ -35,6 +35,9 @@ from joblease_localcluster.kindnode import binary_layer
 
 PG_ROOT = Path("/usr/lib/postgresql/15")
 PG_SHARE = Path("/usr/share/postgresql/15")
+# Where they are in the image: where Debian puts them (the server finds its share folder
+# relative to its own binary).
+IMAGE_ROOT, IMAGE_SHARE = "usr/lib/postgresql/15", "usr/share/postgresql/15"
 PG_PROGRAMS = ("postgres", "initdb", "psql")
 SKIPPED_MODULES = ("llvmjit.so",)
 ZONES = ("UTC", "Etc/UTC")
@@ -99,8 +102,9 @@ def image_files(pg_root: Path = PG_ROOT, pg_share: Path = PG_SHARE) -> dict[str,
         raise images.ImageError(f"{', '.join(missing) or pg_share} missing: install Debian's "
                                 "postgresql-15 (.ci/os-packages test)")
     modules = sorted(p for p in (pg_root / "lib").glob("*.so") if p.name not in SKIPPED_MODULES)
-    files = {str(p).lstrip("/"): p for p in [*programs, *modules]}
-    files.update(_tree(pg_share, str(pg_share).lstrip("/")))
+    files = {f"{IMAGE_ROOT}/bin/{p.name}": p for p in programs}
+    files.update({f"{IMAGE_ROOT}/lib/{p.name}": p for p in modules})
+    files.update(_tree(pg_share, IMAGE_SHARE))
     for binary in [*programs, *modules]:  # bounded: three programs and ~80 modules
         for lib in _ldd(binary):
             files.setdefault(lib.lstrip("/"), Path(os.path.realpath(lib)))
@@ -110,21 +114,24 @@ def image_files(pg_root: Path = PG_ROOT, pg_share: Path = PG_SHARE) -> dict[str,
 
 
 def _version(pg_root: Path) -> str:
+    """The server's version (``15.18``): part of the image's name and cache key."""
     out = subprocess.run([str(pg_root / "bin" / "postgres"), "-V"], capture_output=True,
                          text=True, check=False, timeout=30)
-    if out.returncode != 0:
-        raise images.ImageError(f"postgres -V failed: {out.stderr}")
-    return out.stdout.strip()
+    words = out.stdout.split()
+    if out.returncode != 0 or len(words) < 3:
+        raise images.ImageError(f"postgres -V failed: {out.stdout}{out.stderr}")
+    return words[2]
 
 
 def image_config() -> dict[str, object]:
     """The image's config: uid 999, the server's folder on PATH, UTC, the entrypoint."""
     return {"User": f"{UID}:{UID}",
-            "Env": [f"PATH={PG_ROOT}/bin:/bin", "TZ=UTC", f"PGDATA={PGDATA}"],
+            "Env": [f"PATH=/{IMAGE_ROOT}/bin:/bin", "TZ=UTC", f"PGDATA={PGDATA}"],
             "Entrypoint": ["/bin/sh", "-c", ENTRYPOINT_SCRIPT], "ExposedPorts": {"5432/tcp": {}}}
 
 
-def postgres_archive(progress: build.Progress | None = None) -> images.ImageArchive:
+def postgres_archive(progress: build.Progress | None = None, pg_root: Path = PG_ROOT,
+                     pg_share: Path = PG_SHARE) -> images.ImageArchive:
     """Return the PostgreSQL image archive, made from the host's postgresql-15 when missing.
 
     Raises:
@@ -132,12 +139,12 @@ def postgres_archive(progress: build.Progress | None = None) -> images.ImageArch
 
     """
     progress = progress or build.Progress()
-    files = image_files()
-    version = _version(PG_ROOT)
+    files = image_files(pg_root, pg_share)
+    version = _version(pg_root)
     key = hashlib.sha256(json.dumps([version, sorted(files), image_config(), PASSWD]).encode()
                          ).hexdigest()[:8]
-    name = f"{REPOSITORY}:{version.split()[2]}-{key}"
-    out = build.cache_dir() / "images" / f"postgres-{version.split()[2]}-{key}.tar"
+    name = f"{REPOSITORY}:{version}-{key}"
+    out = build.cache_dir() / "images" / f"postgres-{version}-{key}.tar"
     if out.is_file():
         progress.line(f"from cache: {name} ({out})")
         return images.ImageArchive(name, out)
