@@ -198,8 +198,14 @@ def _system_pods_ready(tools: Tools) -> str:
                          env=tools.env, capture_output=True, text=True, check=False, timeout=60)
     tools.kubeconfig.write_text(got.stdout)
     with tools.progress.step("kube-system pods Ready (kube-proxy, CoreDNS on the pod network)"):
-        waited = tools.kubectl("-n", "kube-system", "wait", "--for=condition=Ready", "pods",
-                               "--all", "--timeout=180s")
+        # `wait --all` alone answers for the pods that exist: measured, it returned with
+        # the static pods Ready and CoreDNS 0/1. The rollouts name the two that matter.
+        for args in (("wait", "--for=condition=Ready", "pods", "--all", "--timeout=180s"),
+                     ("rollout", "status", "daemonset/kube-proxy", "--timeout=180s"),
+                     ("rollout", "status", "deployment/coredns", "--timeout=180s")):
+            waited = tools.kubectl("-n", "kube-system", *args)
+            if waited.returncode != 0:
+                break
     print(tools.kubectl("get", "pods", "-A", "-o", "wide").stdout, file=sys.stderr)
     return "" if waited.returncode == 0 else waited.stderr[-2000:]
 
