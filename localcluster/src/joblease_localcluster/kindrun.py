@@ -51,6 +51,7 @@ OPERATOR_IMAGE = "localhost/joblease-operator:e2e"
 # The repository (the Dockerfile and the chart): this file is localcluster/src/<pkg>/.
 REPO = Path(__file__).resolve().parents[3]
 
+
 def kind_config() -> dict[str, object]:
     """The kind cluster: one node, cgroup v1 kept, kind's CNI off (the image has bridge)."""
     kubelet = {"kind": "KubeletConfiguration", "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -290,7 +291,11 @@ def _journeys(tools: Tools) -> tuple[str, str] | None:
                                    postgres.name)
     with tools.progress.step("the journeys on the pod network"):
         name, why = kindjourneys.run_journeys(cluster)
-    return (f"the journey '{name}'", why) if name else None
+    if not name:
+        return None
+    # What the cluster looked like when the journey gave up (it is deleted next).
+    print(tools.kubectl("get", "pods,jobleases", "-A", "-o", "wide").stdout, file=sys.stderr)
+    return f"the journey '{name}'", why
 
 
 def main(argv: list[str] | None = None) -> int:

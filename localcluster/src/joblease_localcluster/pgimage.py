@@ -47,7 +47,7 @@ GROUP = f"postgres:x:{UID}:\n"
 PGDATA = "/var/lib/postgresql/data"
 ENTRYPOINT_SCRIPT = f"""set -eu
 if [ ! -s {PGDATA}/PG_VERSION ]; then
-  initdb -D {PGDATA} -U postgres --auth=trust --no-locale -E UTF8 >/tmp/initdb.log
+  initdb -D {PGDATA} -U postgres --auth=trust --no-locale -E UTF8
   echo 'host all all 0.0.0.0/0 trust' >> {PGDATA}/pg_hba.conf
 fi
 exec postgres -D {PGDATA} -c listen_addresses='*' -c unix_socket_directories=/tmp \\
