@@ -60,7 +60,7 @@ lint: setup
 
 e2e-kind: setup ## kind offline (issue 32, docs/kind.md): the chart with its defaults on a pod network and the journeys; exit 0 only when all pass, else names the step
 	.ci/os-packages kind
-	$(BIN)/python -m joblease_localcluster.kindrun --pytest "$${E2E_KIND_PYTEST:-}"
+	$(BIN)/python -m joblease_localcluster.kindrun $${E2E_KIND_PYTEST+--pytest "$$E2E_KIND_PYTEST"}
 
 soak: binaries ## long randomized fault soak (SOAK_RUNS=200 by default)
 	$(BIN)/python -m tests.faults.soak --runs $${SOAK_RUNS:-200}
