@@ -226,3 +226,17 @@ def test_run_kind_exempts_the_group_kinds_admin_is_in() -> None:
     script = (kindrun.REPO / "e2e" / "run-kind.sh").read_text()
     exempt = [line for line in script.splitlines() if "admission.exemptGroups" in line]
     assert any("=kubeadm:cluster-admins'" in line for line in exempt), exempt
+
+
+def test_kindrun_runs_the_safety_module_after_the_journeys_unless_told_otherwise(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`make e2e-kind` passes --pytest only when E2E_KIND_PYTEST is set; '' means none."""
+    from joblease_localcluster import kindrun
+    seen: list[list[str] | None] = []
+    monkeypatch.setattr(kindrun, "run", lambda keep=False, pytest_args=None: seen.append(
+        pytest_args) or 0)
+    kindrun.main([])
+    kindrun.main(["--pytest", ""])
+    kindrun.main(["--pytest", "tests/cluster/test_protocol.py -x"])
+    assert seen == [["tests/cluster/test_safety.py", "-q", "-p", "no:cacheprovider"], [],
+                    ["tests/cluster/test_protocol.py", "-x"]]
