@@ -11,6 +11,7 @@ watch to end), a connection per request (a TLS handshake per request), a token r
 from __future__ import annotations
 
 import json
+import select
 import threading
 import time
 from collections.abc import Iterator
@@ -63,6 +64,9 @@ class Stub(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        if "drop" in self.path:  # kept alive as far as the client knows, then closed
+            self.wfile.flush()
+            self.close_connection = True
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
@@ -159,3 +163,25 @@ def test_a_token_file_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(lite, "TOKEN_REREAD_SECONDS", 0.0)
     bearer = client.param_serialize("GET", "/x", auth_settings=["BearerToken"])[2]
     assert bearer["Authorization"] == "Bearer rotated"
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_reused(api: KubeApi) -> None:
+    assert api.request("GET", "/drop").body["path"] == "/drop"
+    client = api._client
+    assert isinstance(client, LiteApiClient)
+    idle = client._idle[0][0].sock
+    deadline = time.monotonic() + 5
+    while not select.select([idle], [], [], 0.05)[0]:  # the server's close reached us
+        assert time.monotonic() < deadline, "the server never closed the connection"
+    assert api.request("GET", "/after").body["path"] == "/after"  # not a failed request
+    assert client.opened == 2
+
+
+def test_a_connection_idle_too_long_is_not_reused(api: KubeApi,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lite, "MAX_IDLE_SECONDS", 0.0)  # a load balancer may have dropped it
+    for i in range(3):
+        assert api.request("GET", f"/n{i}").body["path"] == f"/n{i}"
+    client = api._client
+    assert isinstance(client, LiteApiClient)
+    assert client.opened == 3

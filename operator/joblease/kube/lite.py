@@ -32,6 +32,7 @@ import contextlib
 import http.client
 import json
 import os
+import select
 import socket
 import ssl
 import threading
@@ -117,7 +118,7 @@ class LiteApiClient:
         self._https = url.scheme == "https"
         self._host, self._port = url.hostname or "localhost", url.port
         self._prefix = url.path.rstrip("/")
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []  # and when left idle
         self._lock = threading.Lock()  # guards _idle only: requests never wait for another
         self.opened = 0  # connections opened so far (their TLS handshakes): tests read it
         self._bearer = config.token
@@ -172,8 +173,7 @@ class LiteApiClient:
         return LiteResponse(reply.status, reply.reason, reply.headers, data)
 
     def _take(self, timeout: float | None) -> http.client.HTTPConnection:
-        with self._lock:
-            conn = self._idle.pop() if self._idle else None
+        conn = self._reusable()
         if conn is None:
             conn = self._open(timeout)
         conn.timeout = timeout
@@ -189,10 +189,29 @@ class LiteApiClient:
                                   server_hostname=self._config.server_hostname)
         return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
+    def _reusable(self) -> http.client.HTTPConnection | None:
+        """The most recently used idle connection still fit to send on, or ``None``.
+
+        Why check: a connection the server closed while idle (or that sat idle long enough
+        for a load balancer to forget it) would fail the next request, and a write that
+        fails is never retried blindly. Closed by the peer shows as readable (an idle
+        HTTP/1.1 connection has nothing to read), as urllib3 checks before reusing one.
+        """
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                conn, since = self._idle.pop()
+            sock = conn.sock
+            if (sock is not None and time.monotonic() - since < MAX_IDLE_SECONDS
+                    and not select.select([sock], [], [], 0)[0]):
+                return conn
+            conn.close()
+
     def _give_back(self, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             if len(self._idle) < MAX_IDLE:
-                self._idle.append(conn)
+                self._idle.append((conn, time.monotonic()))
                 return
         conn.close()
 
@@ -200,12 +219,13 @@ class LiteApiClient:
         """Close the idle connections (an open watch is closed by its own ``close``)."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for conn in idle:
+        for conn, _ in idle:
             conn.close()
 
 
 TOKEN_REREAD_SECONDS = 60.0
 MAX_IDLE = 8  # idle connections kept: a worker's threads rarely have more requests in flight
+MAX_IDLE_SECONDS = 60.0  # an idle connection older than this is closed, not reused
 
 
 def _is_watch(path: str) -> bool:
