@@ -58,7 +58,7 @@ lint: setup
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-e2e-kind: setup ## kind offline (issue 32, docs/kind.md): dockerd, kind and its node image built here; fails naming the first missing part
+e2e-kind: setup ## kind offline (issue 32, docs/kind.md): the chart with its defaults on a pod network and the journeys; exit 0 only when all pass, else names the step
 	.ci/os-packages kind
 	$(BIN)/python -m joblease_localcluster.kindrun --pytest "$${E2E_KIND_PYTEST:-}"
 

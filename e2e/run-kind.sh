@@ -33,7 +33,10 @@ kind load docker-image "$IMAGE" --name "$NAME"
   -n joblease-system --create-namespace \
   --set image.repository="${IMAGE%:*}" --set image.tag="${IMAGE##*:}" \
   --set image.pullPolicy=Never --wait --timeout 180s \
-  --set 'admission.exemptGroups[0]=system:masters'  # the suite below claims as kind's admin
+  --set 'admission.exemptGroups[0]=system:masters' \
+  --set 'admission.exemptGroups[1]=kubeadm:cluster-admins'  # the suite below claims as kind's
+# admin for other holders; kind's admin (kubeadm >= 1.29) is in kubeadm:cluster-admins, not
+# system:masters (its certificate: O = kubeadm:cluster-admins, CN = kubernetes-admin).
 K -n joblease-system rollout status deployment/jl-joblease-operator --timeout=120s
 
 # Examples: a throwaway PostgreSQL, the worker Deployment; the fence table must show rows
