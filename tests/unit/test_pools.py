@@ -718,3 +718,33 @@ def test_a_dispatched_worker_watches_only_its_own_part_and_the_whole_pool_once_i
         assert time.monotonic() < deadline + 5, "the view never became the whole pool's"
         time.sleep(0.01)
     assert pool.real.view.get("held") is not None and len(pool.feeds) == 4
+
+
+def test_a_worker_that_may_be_dispatched_lists_nothing_until_its_presence_answers(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both drivers run the engine's empty scope (issue 30): no feed, no list, until the
+    first presence list says which part of the pool the worker needs; then one feed."""
+    from joblease.core.scope import FULL, PENDING
+
+    api = server(available("a"))
+    client = client_over(kind, api)
+    feeds = script_feeds(kind, monkeypatch)
+    if kind == "sync":
+        real: Any = Pool(client.real, "team=batch", slots=1)
+    else:
+        real = AsyncPool(client.real, "team=batch", slots=1)
+        LOOP.run(real.__aenter__())
+    pool = PoolView(client, real)
+    pool.feeds = feeds
+    engine = real.engine
+    deadline = time.monotonic() + 5
+    while engine.scopes < 1:  # the driver opened the scope the engine wants: no stream
+        assert time.monotonic() < deadline, "the driver never asked for a scope"
+        time.sleep(0.005)
+    assert engine.wanted_scope() == PENDING and api.requests == []
+    assert not any(feed.listed.is_set() for feed in feeds)  # the sync pool made one, unrun
+    pool.on_loop(lambda: engine.dispatcher(None))  # presence listed: no dispatcher
+    whole = started(feeds)
+    pools.append((pool, whole))
+    assert whole.fields is None and engine.wanted_scope() == FULL and len(feeds) == 1
+    assert engine.scopes == 2

@@ -247,8 +247,8 @@ class AsyncPool(EngineFront, Generic[L]):
             scope = self.engine.wanted_scope()
             feeds = [self.feed if first and field is None else self._new_feed(field)
                      for field in scope.fields()]
-            first = False
-            if not scope.narrow:
+            first = first and not feeds  # the feed made first serves the first list
+            if feeds and not scope.narrow:
                 self.feed = feeds[0]
             await self._run_scope(scope, feeds)
 
@@ -266,7 +266,8 @@ class AsyncPool(EngineFront, Generic[L]):
         finally:
             for task in tasks:
                 task.cancel()
-            await asyncio.wait(tasks)
+            if tasks:  # the empty scope (PENDING) runs none; asyncio.wait refuses an empty set
+                await asyncio.wait(tasks)
 
     async def _stream(self, feed: Feed, sink: FeedSink) -> None:
         """One stream's list+watch; a bug must not leave claimers waiting on a dead watch."""

@@ -25,7 +25,9 @@ def _client(args: argparse.Namespace, *, calibrate: bool, one_shot: bool = True
 
     ``one_shot`` verbs (all but ``run``) talk through ``joblease.kube.lite`` when the
     kubeconfig holds static credentials: importing the ``kubernetes`` package would cost
-    more than the rest of the call. ``run`` holds a lease for long and keeps the full client.
+    more than the rest of the call. ``work`` does too, for the same reason: a pool's
+    workers are started by the dozen, and the import was most of a worker's start-up CPU
+    (issue 30). ``run`` holds a lease for long and keeps the full client.
 
     Calibration narrows the server-clock error from about half a second (one ``Date``
     header of one-second resolution) to milliseconds, at the cost of up to a second of
@@ -156,7 +158,7 @@ def work(args: argparse.Namespace) -> int:
     command = _command(args, "joblease work -l SELECTOR -- CMD ARGS…")
     if not command:
         return EXIT_USAGE
-    client = _client(args, calibrate=True, one_shot=False)
+    client = _client(args, calibrate=True)  # light: see _client
     client.calibrate()  # once, before the first claim, rather than in the first slot's claim
     pool = client.pool(args.selector, slots=args.concurrency)  # a dispatcher may give work
     options = WorkOptions(command, concurrency=args.concurrency, until_empty=args.until_empty,

@@ -53,7 +53,7 @@ from typing import Any, Protocol, TypeVar
 
 from joblease.core.claiming import PooledLease
 from joblease.core.presence import Presence
-from joblease.core.scope import FULL, Scope, StreamMerge
+from joblease.core.scope import FULL, PENDING, Scope, StreamMerge
 from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
@@ -64,6 +64,9 @@ from joblease.kube.requests import server_time
 L = TypeVar("L", bound=PooledLease)
 
 MIN_WAIT = 0.01  # the least wait for a wake-up: an estimate that lands on "now" must not spin
+# the longest a worker that announced its slots waits for its presence's first list before
+# it lists the whole pool anyway (a presence that fails or is refused must not stop it)
+FIRST_PRESENCE_WAIT = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -204,6 +207,8 @@ class PoolEngine:
         self._epoch = 0  # the scope opened last; a stopped scope's late deliveries are dropped
         self._opening: Scope = FULL
         self._merge: StreamMerge | None = None  # None: one stream, the view itself
+        self._presence_answered = False  # a presence list has said whether a dispatcher lives
+        self._awaiting_since: float | None = None  # when the feed first waited for presence
 
     # -- what the feed and presence deliver (FeedSink, PresenceSink) -----------------------
 
@@ -252,7 +257,8 @@ class PoolEngine:
         only way to know the pool is empty).
         """
         with self._guard:
-            if (until, unfinished) != (self.dispatcher_until, self.pool_unfinished):
+            first, self._presence_answered = not self._presence_answered, True
+            if first or (until, unfinished) != (self.dispatcher_until, self.pool_unfinished):
                 self.dispatcher_until, self.pool_unfinished = until, unfinished
                 self._changed()
 
@@ -268,15 +274,40 @@ class PoolEngine:
         """
         with self._guard:
             presence = self.presence
-            if presence is None or self.closed or not self.clock.known():
+            if self.closed:
+                return FULL
+            if self._awaiting_presence():
+                return PENDING
+            if presence is None or not self.clock.known():
                 return FULL
             if not self.dispatched(self.clock.server_now()):
                 return FULL
             return Scope(presence.holder)
 
+    def _awaiting_presence(self) -> bool:
+        """Whether the feed should list nothing yet: see :data:`~joblease.core.scope.PENDING`.
+
+        Only a worker that announced its slots (it may be dispatched) with presence on, and
+        only until its presence's first list answered, or :data:`FIRST_PRESENCE_WAIT` after
+        the pool was made, or its presence was refused (RBAC): then it lists as before.
+        """
+        if self.slots is None or not self._with_presence or self._presence_answered:
+            return False
+        if self.presence is not None and not self.presence.enabled:
+            return False
+        return self._presence_wait_left() > 0
+
+    def _presence_wait_left(self) -> float:
+        now = self.clock.monotonic()
+        if self._awaiting_since is None:
+            self._awaiting_since = now
+        return self._awaiting_since + FIRST_PRESENCE_WAIT - now
+
     def scope_wake(self) -> float | None:
         """Local seconds until the wanted scope may change with no event (the record lapses)."""
         with self._guard:
+            if self._awaiting_presence():
+                return max(MIN_WAIT, self._presence_wait_left())
             until = self.dispatcher_until
             if until is None or not self.clock.known():
                 return None

@@ -40,9 +40,12 @@ class Scope:
     Attributes:
         holder: ``None``: the whole pool (one stream). Else the worker whose own jobs and
             the jobs that did not opt in are watched (two streams): the narrow scope.
+        pending: Nothing yet (no stream): a worker that may be dispatched waits for its
+            presence's first list to say which scope it needs (:data:`PENDING`).
     """
 
     holder: str | None = None
+    pending: bool = False
 
     @property
     def narrow(self) -> bool:
@@ -51,12 +54,19 @@ class Scope:
 
     def fields(self) -> tuple[str | None, ...]:
         """One extra field selector per stream (``None``: the pool's whole selection)."""
+        if self.pending:
+            return ()
         if self.holder is None:
             return (None,)
         return (f"status.holder={escape_field_value(self.holder)}", NOT_DISPATCHED)
 
 
 FULL = Scope()
+# Why a scope of no stream: a worker that announced its slots would otherwise list and
+# watch the whole pool from the instant it starts until its presence lists the dispatcher's
+# record, then switch: 20 workers starting on a 1,000-job pool decoded 20,000 listed jobs
+# and every event meanwhile, to throw them away (issue 30's CPU per job).
+PENDING = Scope(pending=True)
 
 
 class StreamMerge:

@@ -10,8 +10,8 @@ in-cluster ServiceAccount tokens and exec plugins, which a hand-rolled client wo
 Errors come back as typed exceptions (409 → ``ConflictError`` and so on,
 ``joblease.kube.errors``), with the API server's own message, so callers never parse HTTP.
 The same class, over ``joblease.kube.lite``'s ``http.client`` backend, is the CLI's light
-transport; ``joblease.kube.aioapi.AsyncKubeApi`` is the asyncio one. Configuration loading
-is ``joblease.kube.config``'s.
+transport (``joblease work`` included); ``joblease.kube.aioapi.AsyncKubeApi`` is the asyncio
+one. Configuration loading is ``joblease.kube.config``'s.
 """
 
 from __future__ import annotations
@@ -176,8 +176,7 @@ class KubeApi:
         ``timeout`` bounds the whole stream on the client side: pass more than the
         ``timeoutSeconds`` the query asks the server for, so the server ends it normally.
         The response's ``Date`` feeds the clock estimate like every :meth:`request`'s.
-        Through a transport that cannot stream (``joblease.kube.lite``) the events arrive
-        only when the server ends the watch.
+        Both sync transports stream: the events arrive as the server sends them.
 
         Raises:
             ApiError: the server refused to open it (``GoneError`` for a resourceVersion it

@@ -18,19 +18,26 @@ certificate, with a CA or ``insecure-skip-tls-verify``, or the in-cluster Servic
 when there is no kubeconfig; for anything else (exec plugins, auth providers, basic auth,
 impersonation, proxies, several files in ``$KUBECONFIG``) :func:`connect` falls back to the
 ``kubernetes`` client, which covers them. ``JOBLEASE_KUBE_CLIENT=kubernetes`` forces the
-fallback. Long-running processes (the SDK, the operator, ``joblease run``) use the
-``kubernetes`` client as before.
+fallback. ``joblease work`` uses it too (issue 30): it is started once per worker, and the
+import was most of a worker's start-up CPU (0.4 of 0.6-0.8 s); for it the client keeps
+several connections (its threads send side by side), streams watches, and reads a token
+file again every minute, as the ``kubernetes`` client does. The SDK, the operator and
+``joblease run`` use the ``kubernetes`` client as before.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import json
 import os
+import select
+import socket
 import ssl
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -61,6 +68,7 @@ class LiteConfig:
     ssl_context: ssl.SSLContext | None
     token: str | None = None
     server_hostname: str | None = None
+    token_file: Path | None = None  # where ``token`` was read: read again every minute
 
 
 class _Configuration:
@@ -85,12 +93,16 @@ class LiteResponse:
 
 
 class LiteApiClient:
-    """One kept-alive HTTPS connection, one request at a time.
+    """Kept-alive HTTPS connections, one per request in flight, and streamed watches.
 
-    Requests are serialized by a lock: a CLI verb sends a handful in sequence, and one
-    connection means one TLS handshake. A request that fails closes the connection, and the
-    next one opens a new one; nothing is retried here (``KubeApi``'s callers decide, and a
-    write is never retried blindly).
+    A request takes an idle connection (or opens one), sends, reads the whole answer and
+    puts the connection back, so a CLI verb's handful of requests in sequence costs one TLS
+    handshake, and the threads of ``joblease work`` (its slots, its feed, its presence) send
+    theirs side by side instead of queueing behind an open watch. A watch (``watch=true`` in
+    the query) keeps its connection for itself and hands back a response that streams
+    (:class:`LiteStream`): its events are read as the server sends them. A request that
+    fails closes its connection; nothing is retried here (``KubeApi``'s callers decide, and
+    a write is never retried blindly).
 
     Attributes:
         transport_errors: The exceptions that mean "no answer"; ``KubeApi`` turns them into
@@ -106,8 +118,11 @@ class LiteApiClient:
         self._https = url.scheme == "https"
         self._host, self._port = url.hostname or "localhost", url.port
         self._prefix = url.path.rstrip("/")
-        self._conn: http.client.HTTPConnection | None = None
-        self._lock = threading.Lock()
+        self._idle: list[tuple[http.client.HTTPConnection, float]] = []  # and when left idle
+        self._lock = threading.Lock()  # guards _idle only: requests never wait for another
+        self.opened = 0  # connections opened so far (their TLS handshakes): tests read it
+        self._bearer = config.token
+        self._token_read = time.monotonic()  # the loader has just read token_file
 
     def param_serialize(self, method: str, resource_path: str,
                         header_params: dict[str, str] | None = None, body: Any = None,
@@ -115,49 +130,149 @@ class LiteApiClient:
                         ) -> tuple[str, str, dict[str, str], bytes | None]:
         """Method, path, headers (with the bearer token) and the JSON body, ready to send."""
         headers = {"User-Agent": USER_AGENT, **(header_params or {})}
-        if self._config.token and auth_settings and "BearerToken" in auth_settings:
-            headers["Authorization"] = f"Bearer {self._config.token}"
+        token = self._token()
+        if token and auth_settings and "BearerToken" in auth_settings:
+            headers["Authorization"] = f"Bearer {token}"
         data = None if body is None else json.dumps(body).encode()
         return method, self._prefix + resource_path, headers, data
 
-    def call_api(self, method: str, path: str, headers: dict[str, str], body: bytes | None,
-                 _request_timeout: float | None = None) -> LiteResponse:
-        """Send one request and read the whole response."""
-        with self._lock:
-            conn = self._connection(_request_timeout)
-            try:
-                conn.request(method, path, body=body, headers=headers)
-                reply = conn.getresponse()
-                data = reply.read()
-            except BaseException:
-                conn.close()
-                self._conn = None
-                raise
-            if reply.will_close:
-                conn.close()
-                self._conn = None
-            return LiteResponse(reply.status, reply.reason, reply.headers, data)
+    def _token(self) -> str | None:
+        """The bearer token, read again from its file once a minute.
 
-    def _connection(self, timeout: float | None) -> http.client.HTTPConnection:
-        if self._conn is None:
-            if self._https:
-                self._conn = _SniConnection(self._host, self._port, timeout=timeout,
-                                            context=self._config.ssl_context,
-                                            server_hostname=self._config.server_hostname)
-            else:
-                self._conn = http.client.HTTPConnection(self._host, self._port,
-                                                        timeout=timeout)
-        self._conn.timeout = timeout
-        if self._conn.sock is not None:
-            self._conn.sock.settimeout(timeout)
-        return self._conn
+        Why: ``joblease work`` runs for days, and a pod's ServiceAccount token is rotated
+        in its file by the kubelet (the ``kubernetes`` client reads it again every minute
+        too). A failed read keeps the last token: the API server then says what is wrong.
+        """
+        if self._config.token_file is None:
+            return self._config.token
+        now = time.monotonic()
+        with self._lock:
+            if now - self._token_read >= TOKEN_REREAD_SECONDS:
+                self._token_read = now
+                with contextlib.suppress(OSError, UnicodeDecodeError):
+                    self._bearer = self._config.token_file.read_text().strip()
+            return self._bearer
+
+    def call_api(self, method: str, path: str, headers: dict[str, str], body: bytes | None,
+                 _request_timeout: float | None = None) -> LiteResponse | LiteStream:
+        """Send one request; read the whole response, or (a watch) hand back its stream."""
+        conn = self._take(_request_timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers)
+            reply = conn.getresponse()
+            if _is_watch(path):
+                return LiteStream(reply, conn)
+            data = reply.read()
+        except BaseException:
+            conn.close()
+            raise
+        if reply.will_close:
+            conn.close()
+        else:
+            self._give_back(conn)
+        return LiteResponse(reply.status, reply.reason, reply.headers, data)
+
+    def _take(self, timeout: float | None) -> http.client.HTTPConnection:
+        conn = self._reusable()
+        if conn is None:
+            conn = self._open(timeout)
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def _open(self, timeout: float | None) -> http.client.HTTPConnection:
+        self.opened += 1
+        if self._https:
+            return _SniConnection(self._host, self._port, timeout=timeout,
+                                  context=self._config.ssl_context,
+                                  server_hostname=self._config.server_hostname)
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+
+    def _reusable(self) -> http.client.HTTPConnection | None:
+        """The most recently used idle connection still fit to send on, or ``None``.
+
+        Why check: a connection the server closed while idle (or that sat idle long enough
+        for a load balancer to forget it) would fail the next request, and a write that
+        fails is never retried blindly. Closed by the peer shows as readable (an idle
+        HTTP/1.1 connection has nothing to read), as urllib3 checks before reusing one.
+        """
+        while True:
+            with self._lock:
+                if not self._idle:
+                    return None
+                conn, since = self._idle.pop()
+            sock = conn.sock
+            if (sock is not None and time.monotonic() - since < MAX_IDLE_SECONDS
+                    and not select.select([sock], [], [], 0)[0]):
+                return conn
+            conn.close()
+
+    def _give_back(self, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            if len(self._idle) < MAX_IDLE:
+                self._idle.append((conn, time.monotonic()))
+                return
+        conn.close()
+
+    def close(self) -> None:
+        """Close the idle connections (an open watch is closed by its own ``close``)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn, _ in idle:
+            conn.close()
+
+
+TOKEN_REREAD_SECONDS = 60.0
+MAX_IDLE = 8  # idle connections kept: a worker's threads rarely have more requests in flight
+MAX_IDLE_SECONDS = 60.0  # an idle connection older than this is closed, not reused
+
+
+def _is_watch(path: str) -> bool:
+    query = path.partition("?")[2]
+    return "watch=true" in query.split("&")
+
+
+class LiteStream:
+    """A watch's response, read as it arrives (what ``KubeApi.watch`` reads of urllib3's).
+
+    ``response.stream(n)`` yields the bytes as the server sends them (chunked decoding by
+    ``http.client``); ``response.shutdown()`` ends a read blocked in another thread (a pool
+    switching scope, a stop); ``read()`` reads an error answer whole. The connection is
+    never reused: a watch ends rarely, and what is left of it is unknown.
+    """
+
+    def __init__(self, reply: http.client.HTTPResponse, conn: http.client.HTTPConnection
+                 ) -> None:
+        self.status, self.reason, self.headers = reply.status, reply.reason, reply.headers
+        self._reply, self._conn = reply, conn
+        self.response = self
+
+    def read(self) -> bytes:
+        """The whole (error) body; the connection is closed after it."""
+        try:
+            return self._reply.read()
+        finally:
+            self.close()
+
+    def stream(self, amount: int) -> Iterator[bytes]:
+        """Bytes as they arrive, until the server ends the response."""
+        while chunk := self._reply.read1(amount):
+            yield chunk
+
+    def shutdown(self) -> None:
+        """Make a read blocked in another thread return (the socket is shut both ways)."""
+        sock = self._conn.sock
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         """Close the connection."""
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._conn.close()
+
+    def release_conn(self) -> None:
+        """The stream ended: close its connection (never reused, see the class)."""
+        self.close()
 
 
 class _SniConnection(http.client.HTTPSConnection):
@@ -223,9 +338,10 @@ def _from_kubeconfig(path: Path, context: str | None) -> LiteConfig:
     server = str(cluster.get("server") or "")
     if not server.startswith(("https://", "http://")):
         raise UnsupportedConfigError(f"server {server!r}")
-    token = user.get("token")
+    token, token_file = user.get("token"), None
     if token is None and user.get("tokenFile"):
-        token = _resolve(base, user["tokenFile"]).read_text().strip()
+        token_file = _resolve(base, user["tokenFile"])
+        token = token_file.read_text().strip()
     context_ = None
     if server.startswith("https://"):
         context_ = _ssl_context(
@@ -234,7 +350,7 @@ def _from_kubeconfig(path: Path, context: str | None) -> LiteConfig:
             ca_data=cluster.get("certificate-authority-data"),
             insecure=bool(cluster.get("insecure-skip-tls-verify")),
             cert=_pem(base, user, "client-certificate"), key=_pem(base, user, "client-key"))
-    return LiteConfig(server, context_, token, cluster.get("tls-server-name"))
+    return LiteConfig(server, context_, token, cluster.get("tls-server-name"), token_file)
 
 
 def _named(doc: dict[str, Any], section: str, name: Any, key: str) -> dict[str, Any]:
@@ -293,7 +409,7 @@ def _incluster(env: Mapping[str, str]) -> LiteConfig:
     server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
     context = _ssl_context(ca_file=SERVICE_ACCOUNT / "ca.crt", ca_data=None, insecure=False,
                            cert=None, key=None)
-    return LiteConfig(server, context, token_file.read_text().strip())
+    return LiteConfig(server, context, token_file.read_text().strip(), token_file=token_file)
 
 
 def connect(path: str | None = None, context: str | None = None) -> KubeApi:

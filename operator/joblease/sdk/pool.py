@@ -290,8 +290,8 @@ class Pool(EngineFront, Generic[L]):
             fields = scope.fields()
             feeds = [self.feed if first and field is None else self._new_feed(field)
                      for field in fields]
-            first = False
-            if not scope.narrow:
+            first = first and not feeds  # the feed made first serves the first list
+            if feeds and not scope.narrow:
                 self.feed = feeds[0]
             self._run_scope(scope, feeds)
 
