@@ -224,7 +224,7 @@ def report(statuses: dict[str, str]) -> int:
 
 
 def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
-            prefix: str = "") -> None:
+            prefix: str = "", in_process: bool = False) -> None:
     """Run ``tests`` from the work tree against each survivor of ``modules``; print the result.
 
     The staged mutants (``build/mutate/mutants/src``) come first on ``PYTHONPATH``; the
@@ -242,6 +242,17 @@ def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
            "HYPOTHESIS_PROFILE": "mutate"}
     killed: list[str] = []
     alive: list[str] = []
+    if in_process:  # one interpreter for all (tests/mutation/inprocess.py)
+        names = STAGE / "recheck-names.txt"
+        names.write_text("".join(f"{name}\n" for name in survivors))
+        out = subprocess.run([sys.executable, "-m", "tests.mutation.inprocess", str(names),
+                              *PYTEST_ARGS, "--timeout", "60", *tests], cwd=ROOT, env=env,
+                             capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            verdict, _, name = line.partition(" ")
+            if name in survivors and verdict in ("killed", "survives"):
+                (killed if verdict == "killed" else alive).append(name)
+        survivors = []
     for count, name in enumerate(survivors, 1):
         try:
             done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", *PYTEST_ARGS,
@@ -252,7 +263,7 @@ def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
         except subprocess.TimeoutExpired:
             killed.append(name)
         print(f"recheck {count}/{len(survivors)}: killed {len(killed)}", flush=True)
-    print(f"\nrecheck of {len(survivors)} survivors of {', '.join(modules)} against "
+    print(f"\nrecheck of {len(killed) + len(alive)} survivors of {', '.join(modules)} against "
           f"{' '.join(tests)}: {len(killed)} killed, {len(alive)} still survive")
     for name in killed:
         print(f"  killed now: {name}")
@@ -274,13 +285,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these test files (default: tests/unit)")
     parser.add_argument("--only", default="", metavar="PREFIX",
                         help="with --recheck: only the survivors whose names start so")
+    parser.add_argument("--in-process", action="store_true",
+                        help="with --recheck: every mutant in one interpreter (fast; "
+                             "tests/mutation/inprocess.py)")
     args = parser.parse_args(argv)
     modules = args.modules or ["domain", "transact", "sdk", "aio", "core"]
     unknown = set(modules) - set(TARGETS)
     if unknown:
         parser.error(f"unknown module(s) {sorted(unknown)}; choose from {list(TARGETS)}")
     if args.recheck:
-        recheck(results(), modules, args.recheck, args.only)
+        recheck(results(), modules, args.recheck, args.only, args.in_process)
         return 0
     if not args.report_only:
         stage(modules, args.deselect, args.tests)
