@@ -746,3 +746,28 @@ def test_a_dispatched_worker_watches_only_its_own_part_and_the_whole_pool_once_i
         assert time.monotonic() < deadline + 5, "the view never became the whole pool's"
         time.sleep(0.01)
     assert pool.real.view.get("held") is not None and len(pool.feeds) == 4
+
+
+def test_presence_that_breaks_is_logged_whole_and_claims_go_on(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import time
+
+    from joblease.core.presence import Presence
+
+    def broken(self: Presence, sink: Any) -> Any:
+        raise RuntimeError("presence broke")
+        yield  # a generator, as presence's steps are
+
+    monkeypatch.setattr(Presence, "steps", broken)
+    api = server(available("a"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
+    lease = pool.claim_next("w", timeout=0)
+    assert lease is not None and lease.name == "a"
+    deadline = time.monotonic() + 10  # presence runs in its own thread or task
+    while not caplog.records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [(r.levelno, r.getMessage(), str(r.exc_info and r.exc_info[1]))
+            for r in caplog.records] == [
+        (logging.ERROR, "JobLease pool 'team=batch': presence stopped", "presence broke")]
