@@ -235,9 +235,11 @@ class CompletingLease(FakeLease):
     def __init__(self, seconds: float) -> None:
         super().__init__(seconds, lambda: None)
         self.completions = 0
+        self.results: list[str] = []
 
     def complete(self, result: str = "") -> None:
         self.completions += 1
+        self.results.append(result)
 
 
 def test_a_completed_holding_declares_no_loss_at_the_old_deadline() -> None:
@@ -268,6 +270,19 @@ def test_an_async_body_after_its_completion_is_not_cancelled() -> None:
 
     asyncio.run(work())
     assert len(steps) == 20
+    assert lease.results == ["ok"]
+
+
+@pytest.mark.filterwarnings("ignore:joblease.AsyncHolding is deprecated")
+def test_an_async_completion_without_a_result_records_an_empty_one() -> None:
+    lease = CompletingLease(5.0)
+
+    async def work() -> None:
+        async with AsyncHolding(lease) as holding:  # type: ignore[arg-type]
+            await holding.complete_async()
+
+    asyncio.run(work())
+    assert lease.results == [""]
 
 
 # -- item 5: the supervisor (one watcher process per worker; issue 22 replaced the sentinel) --
