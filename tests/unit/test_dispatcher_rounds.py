@@ -222,3 +222,22 @@ def test_a_claim_that_failed_unexpectedly_is_logged_with_its_error(
     _log_failure(failed)
     assert [(r.levelno, r.getMessage(), r.exc_info and r.exc_info[1]) for r in caplog.records
             ] == [(logging.ERROR, "dispatcher: a claim failed unexpectedly", boom)]
+
+
+def test_the_queue_folds_the_feeds_events_and_says_when_the_feed_fails(
+        caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKubeApi()
+    job(api, "a")
+    job(api, "b")
+    dispatcher = dispatcher_over(api, {})
+    dispatcher.apply("DELETED", Observed.from_object(api.stored("ns", "a")))  # type: ignore[arg-type]
+    newer = api.put_object(api.stored("ns", "b"))  # type: ignore[arg-type]
+    dispatcher.apply("MODIFIED", Observed.from_object(newer))
+    assert dispatcher.view.get("a") is None
+    assert dispatcher.view.get("b").resource_version == newer["metadata"]["resourceVersion"]  # type: ignore[union-attr]
+    dispatcher.bookmark("900")
+    assert dispatcher.view.resource_version == "900"
+    down = UnavailableError(503, "ServiceUnavailable", "etcd is down")
+    dispatcher.trouble(down)
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, f"dispatcher of 'team=batch': list/watch failed ({down}); retrying")]
