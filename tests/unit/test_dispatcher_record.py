@@ -42,7 +42,7 @@ from joblease.core.steps import Call, SyncPort, drive
 from joblease.domain.clock import ServerNow
 from joblease.domain.lease import Observed
 from joblease.domain.time import parse_time
-from joblease.kube.api import ForbiddenError
+from joblease.kube.api import MERGE_PATCH, ForbiddenError
 from joblease.kube.leases import LeaseStore
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
 
@@ -128,13 +128,28 @@ def test_the_holder_renews_its_record_conditionally_and_publishes_the_count() ->
     version = api.presence[KEY]["metadata"]["resourceVersion"]
     api.now = ServerNow.exact(T_NOW + timedelta(seconds=5))
     api.presence_requests.clear()
-    assert hold(mine, api, unfinished=2) is True
+    port = Recording(api)
+    assert hold(mine, api, unfinished=2, port=port) is True
     assert [m for m, _ in api.presence_requests] == ["GET", "PATCH"]
+    assert port.content_types == [None, MERGE_PATCH]  # a merge patch, as the server needs
     stored = api.presence[KEY]
     assert stored["metadata"]["resourceVersion"] != version
     assert stored["metadata"]["annotations"][UNFINISHED_ANNOTATION] == "2"
     assert stored["spec"]["renewTime"] == micro_time(T_NOW + timedelta(seconds=5))
     assert stored["spec"]["acquireTime"] == micro_time(T_NOW)  # a renewal is no new claim
+
+
+class Recording(SyncPort):
+    """Records each call's content type."""
+
+    def __init__(self, api: FakeKubeApi) -> None:
+        super().__init__(LeaseStore(api))  # type: ignore[arg-type]
+        self.content_types: list[str | None] = []
+
+    def perform(self, step: Any) -> Any:
+        if isinstance(step, Call):
+            self.content_types.append(step.call.content_type)
+        return super().perform(step)
 
 
 class ChangedMeanwhile(SyncPort):
