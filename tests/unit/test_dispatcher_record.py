@@ -15,6 +15,8 @@ election (what it publishes, a refusal as "not the leader"), ``for_client`` and 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -364,3 +366,83 @@ def test_a_dispatcher_for_a_client_uses_its_store_clock_margin_and_username() ->
     named._executor.shutdown()
     assert named.record.identity == "someone"
     assert whoami(client.store) == "system:serviceaccount:ns:op"
+
+
+# -- the dispatcher's life: its threads, started and stopped --------------------------------
+
+class OneList:
+    """A feed that lists the store's JobLeases once, then waits to be stopped."""
+
+    def __init__(self, api: FakeKubeApi, fail: Exception | None = None) -> None:
+        self.api, self.fail = api, fail
+        self.stopped = threading.Event()
+
+    def run(self, sink: Any) -> None:
+        if self.fail is not None:
+            raise self.fail
+        sink.replace([Observed.from_object(o) for o in self.api.objects.values()], "5")
+        self.stopped.wait(10)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def until(condition: Any) -> bool:
+    deadline = time.monotonic() + 10  # the dispatcher's threads; bounded, not timed
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(condition())
+
+
+def test_a_started_dispatcher_leads_assigns_and_on_close_deletes_its_record() -> None:
+    api = server(ServerNow.exact(T_NOW))
+    api.put_object(lease_object("j", {"phase": "Available", "generation": 0, "epoch": 1},
+                                dispatch={"enabled": True, "serviceAccountNames": ["w1"]}))
+    worker_record(api, "system:serviceaccount:ns:w1", T_NOW, 1)
+    made = Dispatcher(LeaseStore(api), api, lambda: timedelta(seconds=1),  # type: ignore[arg-type]
+                      "ns", SELECTOR, "op")
+    made.feed = OneList(api)  # type: ignore[assignment]
+    made.start()
+    assert until(lambda: (api.stored("ns", "j") or {}).get("status", {}).get("holder")
+                 == "system:serviceaccount:ns:w1")
+    assert made.leader and made.counts.assigned == 1 and KEY in api.presence
+    assert sorted(t.name for t in made._threads) == [
+        f"joblease-dispatch-feed[{SELECTOR}]", f"joblease-dispatcher[{SELECTOR}]"]
+    made.close()
+    assert KEY not in api.presence  # workers take turns again at their next list
+    assert made.feed.stopped.is_set()  # type: ignore[attr-defined]
+    assert not any(t.is_alive() for t in made._threads)
+
+
+def test_a_dispatcher_whose_feed_dies_says_so_and_stops(
+        caplog: pytest.LogCaptureFixture) -> None:
+    api = server()
+    made = Dispatcher(LeaseStore(api), api, lambda: timedelta(seconds=1),  # type: ignore[arg-type]
+                      "ns", SELECTOR, "op")
+    boom = RuntimeError("boom")
+    made.feed = OneList(api, fail=boom)  # type: ignore[assignment]
+    made.start()
+    assert until(lambda: not any(t.is_alive() for t in made._threads))
+    made.kill()
+    assert [(r.levelno, r.getMessage(), r.exc_info and r.exc_info[1]) for r in caplog.records
+            if r.levelno >= logging.WARNING] == [
+        (logging.ERROR, f"dispatcher of {SELECTOR!r}: its watch stopped", boom)]
+
+
+def test_a_dispatchers_defaults() -> None:
+    from joblease.core.dispatcher import IN_FLIGHT, MAX_SLOTS
+    from joblease.domain.dispatch import ADOPT_WITHIN
+
+    api = server()
+    made = Dispatcher(LeaseStore(api), api, lambda: timedelta(seconds=1),  # type: ignore[arg-type]
+                      "ns", SELECTOR, "op")
+    made._executor.shutdown()
+    assert (made.max_slots, made.in_flight, made.adopt_within) == (
+        MAX_SLOTS, IN_FLIGHT, ADOPT_WITHIN)
+    assert (made.record.identity, made.record.seconds, made.record.pool) == (
+        "op", RECORD_SECONDS, POOL)
+    assert (made.namespace, made.selector, made.leader) == ("ns", SELECTOR, False)
+    assert made._executor._max_workers == IN_FLIGHT  # type: ignore[attr-defined]
+    assert (made.feed.store, made.feed.namespace, made.feed.label_selector,
+            made.feed.watch_seconds) == (made.store, "ns", SELECTOR, 300)
+    assert all(t.daemon for t in made._threads)
