@@ -406,6 +406,15 @@ def test_a_started_dispatcher_leads_assigns_and_on_close_deletes_its_record() ->
     assert until(lambda: (api.stored("ns", "j") or {}).get("status", {}).get("holder")
                  == "system:serviceaccount:ns:w1")
     assert made.leader and made.counts.assigned == 1 and KEY in api.presence
+
+    def rounds() -> tuple[int, int]:
+        path = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+        return (api.presence_requests.count(("PATCH", f"{path}/{NAME}")),
+                api.presence_requests.count(("GET", path)))
+
+    renewed, listed = rounds()
+    api._monotonic += 2.0  # the renewal period (and the list's) passed on its clock
+    assert until(lambda: rounds()[0] > renewed and rounds()[1] > listed)  # renews, lists again
     assert sorted(t.name for t in made._threads) == [
         f"joblease-dispatch-feed[{SELECTOR}]", f"joblease-dispatcher[{SELECTOR}]"]
     made.close()
