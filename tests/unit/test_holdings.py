@@ -301,6 +301,8 @@ def test_an_error_in_the_deadline_watchdog_is_a_declared_loss(kind: str) -> None
     run = hold_for(kind, lease, 10, checks=False)  # (a check() would meet the error first)
     assert isinstance(run.holding.loss, RenewalStoppedError)
     assert "deadline watchdog" in str(run.holding.loss) and run.elapsed < 1.2
+    # what ended it, named: the guard and the error (not "ended unexpectedly")
+    assert "deadline watchdog of 'job' stopped by an unexpected error: " in str(run.holding.loss)
 
 
 def test_an_error_in_check_is_a_declared_loss(kind: str) -> None:
@@ -481,3 +483,9 @@ def test_a_loss_the_body_declared_with_check_does_not_cancel_it(kind: str) -> No
 
     asyncio.run(main())
     assert lease.released == []
+
+
+def test_a_completion_without_a_result_records_an_empty_one(kind: str) -> None:
+    lease = lease_for(kind, 5)
+    run = hold_for(kind, lease, STEP, lambda holding, step: holding.complete())  # one step
+    assert run.error is None and lease.completed == [""]
