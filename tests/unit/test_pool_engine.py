@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from joblease.core.pool_engine import MIN_WAIT, Ask, PoolClock, PoolEngine, Wait
+from joblease.core.pool_engine import MIN_WAIT, Adopt, Ask, PoolClock, PoolEngine, Wait
 from joblease.core.scope import FULL, Scope
 from joblease.domain.clock import ServerClock, ServerNow
 from joblease.domain.errors import PoolClosedError, format_time
-from joblease.domain.lease import Observed
+from joblease.domain.lease import Observed, dispatch_claim_id
 from joblease.kube.api import ConflictError, UnavailableError
 from support.fakekube import T_NOW, lease_object
 
@@ -268,3 +268,49 @@ def test_a_failing_list_is_counted_and_logged_and_a_dead_feed_said_whole(
     with pytest.raises(PoolClosedError) as err:
         engine.decide(Ask("w", None, 32), MARGIN)
     assert str(err.value) == "JobLease pool 'team=batch': its watch stopped: RuntimeError('boom')"
+
+
+def test_at_its_end_exactly_a_claim_gives_up_and_a_first_list_is_overdue() -> None:
+    engine, clock = listed_engine()
+    with pytest.raises(UnavailableError, match="no list of its leases"):
+        engine.decide(Ask("w", clock.now, 32), MARGIN)  # no time left, no list: overdue
+    engine.replace([], "10")
+    assert engine.decide(Ask("w", clock.now, 32), MARGIN) is None  # no time left: give up
+
+
+def dispatched_engine() -> tuple[PoolEngine, Clock]:
+    clock = Clock()
+    clock.hear()
+    engine = PoolEngine("ns", "team=batch", PoolClock(clock, clock.server_now),  # type: ignore[arg-type]
+                        presence=True, slots=3)
+    return engine, clock
+
+
+def test_a_dispatched_worker_announces_its_slots_and_waits_at_most_until_the_lapse() -> None:
+    engine, _ = dispatched_engine()
+    presence = engine.announce("w")
+    assert presence is not None and presence.slots == 3
+    engine.replace([], "10")
+    engine.dispatcher(T_NOW + timedelta(seconds=5), 0)
+    wait = engine.decide(Ask("w", None, 32), MARGIN)
+    assert isinstance(wait, Wait) and wait.seconds == pytest.approx(5.0, abs=0.01)
+
+
+def test_an_assignment_is_handed_to_one_claimer_only() -> None:
+    engine, _ = dispatched_engine()
+    at = format_time(T_NOW - timedelta(seconds=1))  # claimed for "w", not yet adopted
+    mine = job("mine", {"phase": "Held", "holder": "w", "generation": 1, "epoch": 1,
+                        "claimId": dispatch_claim_id("x"), "acquireTime": at,
+                        "renewTime": at,
+                        "leaseUntil": format_time(T_NOW + timedelta(seconds=30))})
+    engine.replace([mine], "10")
+    engine.dispatcher(T_NOW + timedelta(seconds=60), 1)
+    first = engine.decide(Ask("w", None, 32), MARGIN)
+    assert isinstance(first, Adopt) and first.job.name == "mine"
+    assert isinstance(engine.decide(Ask("w", None, 32), MARGIN), Wait)  # a sibling: not twice
+
+
+def test_a_streams_list_keeps_its_resource_version() -> None:
+    engine, _ = listed_engine()
+    engine.stream_sink(engine.open_scope(FULL), 0).replace([], "42")
+    assert engine.view.resource_version == "42"
