@@ -10,8 +10,9 @@ fixes of issue 15 land — mutmut refuses to start on a red suite).
 
 Usage: ``python -m tests.mutation.mutate [MODULE ...]`` where MODULE is one of
 ``domain``, ``transact``, ``sdk``, ``aio``, ``core``, or one client file alone,
-``sdk-client`` / ``aio-client`` (default: all modules). Prints one line per module:
-killed / total and the score, then every survivor's name.
+``sdk-client`` / ``aio-client``, or the files of the holdings / the pools, ``holds`` /
+``pools`` (default: the five modules). Prints one line per module and per file: killed /
+total and the score, then every survivor's name.
 
 ``--recheck TEST ...`` runs the work tree's tests (pytest paths or node ids) against each
 survivor of the last run, one by one, with the staged mutants first on the path: what tests
@@ -35,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # JOBLEASE_MUTATE_STAGE: another staging folder, so that one run's mutants stay for a
 # --recheck while another module's run goes on
 STAGE = Path(os.environ.get("JOBLEASE_MUTATE_STAGE", ROOT / "build" / "mutate"))
-TARGETS = {
+TARGETS: dict[str, str | list[str]] = {
     "domain": "src/joblease/domain/*",
     "transact": "src/joblease/core/transaction.py",
     "sdk": "src/joblease/sdk/*",
@@ -45,6 +46,13 @@ TARGETS = {
     # which are scored with their module
     "sdk-client": "src/joblease/sdk/client.py",
     "aio-client": "src/joblease/aio/client.py",
+    # the holdings and the pools, files of three modules scored together against their own
+    # tests (2026-12-06, after they became thin drivers over core and domain.holder)
+    "holds": ["src/joblease/sdk/hold.py", "src/joblease/sdk/async_holding.py",
+              "src/joblease/aio/hold.py"],
+    "pools": ["src/joblease/sdk/pool.py", "src/joblease/aio/pool.py",
+              "src/joblease/core/pool_engine.py", "src/joblease/core/dispatcher.py",
+              "src/joblease/core/claiming.py", "src/joblease/core/scope.py"],
 }
 # test_fuzz_schema: fails on purpose until issue 15's production fixes land (see its module
 # doc). test_layout: checks the repository's layout, which the staging
@@ -115,7 +123,7 @@ def stage(modules: list[str], deselect: list[str] | None = None,
              "",
              "[tool.mutmut]",
              f"source_paths = {_toml_list(['src'])}",
-             f"only_mutate = {_toml_list([TARGETS[m] for m in modules])}",
+             f"only_mutate = {_toml_list(_globs(modules))}",
              f"pytest_add_cli_args_test_selection = {_toml_list(tests or ['tests/unit'])}",
              f"pytest_add_cli_args = {_toml_list(args)}",
              f"also_copy = {_toml_list(list(DATA))}",
@@ -128,6 +136,15 @@ def stage(modules: list[str], deselect: list[str] | None = None,
              'process_isolation = "forkserver"',
              ""]
     (STAGE / "pyproject.toml").write_text("\n".join(lines))
+
+
+def _globs(modules: list[str]) -> list[str]:
+    """The source globs of ``modules`` (a target names one glob or several files)."""
+    globs: list[str] = []
+    for module in modules:
+        target = TARGETS[module]
+        globs.extend([target] if isinstance(target, str) else target)
+    return globs
 
 
 def _toml_list(items: list[str]) -> str:
@@ -169,6 +186,12 @@ def module_of(mutant: str) -> str:
     return "sdk"
 
 
+def file_of(mutant: str) -> str:
+    """The source file of a mutant (``joblease.sdk.hold.xǁHoldingǁ…`` → ``sdk/hold.py``)."""
+    dotted = re.sub(r"\.x(_|ǁ).*$", "", mutant)
+    return "/".join(dotted.split(".")[1:]) + ".py"
+
+
 def report(statuses: dict[str, str]) -> int:
     """Print the score per module and the survivors; return the number of survivors."""
     by_module: dict[str, Counter[str]] = defaultdict(Counter)
@@ -184,6 +207,15 @@ def report(statuses: dict[str, str]) -> int:
         killed = sum(n for s, n in counts.items() if s in KILLED)
         detail = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
         print(f"  {module:9s} {killed:4d} / {total:4d} = {100 * killed / total:5.1f} %  ({detail})")
+    by_file: dict[str, Counter[str]] = defaultdict(Counter)
+    for name, status in statuses.items():
+        by_file[file_of(name)][status] += 1
+    print("\nper file:")
+    for path, counts in sorted(by_file.items()):
+        total = sum(counts.values())
+        killed = sum(n for s, n in counts.items() if s in KILLED)
+        detail = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
+        print(f"  {path:32s} {killed:4d} / {total:4d} = {100 * killed / total:5.1f} %  ({detail})")
     for module, names in sorted(survivors.items()):
         print(f"\nsurvivors in {module} ({len(names)}):")
         for name in names:
@@ -192,20 +224,35 @@ def report(statuses: dict[str, str]) -> int:
 
 
 def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
-            prefix: str = "") -> None:
+            prefix: str = "", in_process: bool = False) -> None:
     """Run ``tests`` from the work tree against each survivor of ``modules``; print the result.
 
     The staged mutants (``build/mutate/mutants/src``) come first on ``PYTHONPATH``; the
     trampoline picks the mutant from ``MUTANT_UNDER_TEST``. A run that fails or outlives its
     timeout kills the mutant (``-x``: the first failure is enough).
     """
-    wanted = {module.split("-")[0] for module in modules}  # sdk-client's mutants are sdk's
+    # sdk-client's mutants are sdk's; "holds" and "pools" name files of several modules,
+    # and the last run staged only theirs
+    wanted = {module.split("-")[0] for module in modules}
+    if wanted & {"holds", "pools"}:
+        wanted = {"sdk", "aio", "core"}
     survivors = sorted(n for n, s in statuses.items()
                        if s not in KILLED and module_of(n) in wanted and n.startswith(prefix))
     env = {**os.environ, "PYTHONPATH": str(STAGE / "mutants" / "src"),
            "HYPOTHESIS_PROFILE": "mutate"}
     killed: list[str] = []
     alive: list[str] = []
+    if in_process:  # one interpreter for all (tests/mutation/inprocess.py)
+        names = STAGE / "recheck-names.txt"
+        names.write_text("".join(f"{name}\n" for name in survivors))
+        out = subprocess.run([sys.executable, "-m", "tests.mutation.inprocess", str(names),
+                              *PYTEST_ARGS, "--timeout", "60", *tests], cwd=ROOT, env=env,
+                             capture_output=True, text=True).stdout
+        for line in out.splitlines():
+            verdict, _, name = line.partition(" ")
+            if name in survivors and verdict in ("killed", "survives"):
+                (killed if verdict == "killed" else alive).append(name)
+        survivors = []
     for count, name in enumerate(survivors, 1):
         try:
             done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", *PYTEST_ARGS,
@@ -216,7 +263,7 @@ def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
         except subprocess.TimeoutExpired:
             killed.append(name)
         print(f"recheck {count}/{len(survivors)}: killed {len(killed)}", flush=True)
-    print(f"\nrecheck of {len(survivors)} survivors of {', '.join(modules)} against "
+    print(f"\nrecheck of {len(killed) + len(alive)} survivors of {', '.join(modules)} against "
           f"{' '.join(tests)}: {len(killed)} killed, {len(alive)} still survive")
     for name in killed:
         print(f"  killed now: {name}")
@@ -238,13 +285,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these test files (default: tests/unit)")
     parser.add_argument("--only", default="", metavar="PREFIX",
                         help="with --recheck: only the survivors whose names start so")
+    parser.add_argument("--in-process", action="store_true",
+                        help="with --recheck: every mutant in one interpreter (fast; "
+                             "tests/mutation/inprocess.py)")
     args = parser.parse_args(argv)
-    modules = args.modules or [m for m in TARGETS if "-" not in m]
+    modules = args.modules or ["domain", "transact", "sdk", "aio", "core"]
     unknown = set(modules) - set(TARGETS)
     if unknown:
         parser.error(f"unknown module(s) {sorted(unknown)}; choose from {list(TARGETS)}")
     if args.recheck:
-        recheck(results(), modules, args.recheck, args.only)
+        recheck(results(), modules, args.recheck, args.only, args.in_process)
         return 0
     if not args.report_only:
         stage(modules, args.deselect, args.tests)

@@ -109,26 +109,44 @@ class FakeKubeApi:
 
     def _presence(self, method: str, path: str, body: Any, query: dict[str, str] | None
                   ) -> Any:
-        """coordination.k8s.io/v1 Leases: create, merge-patch, delete, list by one label."""
+        """coordination.k8s.io/v1 Leases: create, get, merge-patch, delete, list by one label.
+
+        As the API server: a create of an existing name is 409 AlreadyExists; a patch or a
+        delete naming a ``resourceVersion`` (in ``metadata``, or the delete's
+        ``preconditions``) other than the stored one is 409; every write takes the next
+        revision.
+        """
         parts = path.strip("/").split("/")
         namespace = parts[4]
-        if method == "GET":
-            key, _, value = ((query or {}).get("labelSelector") or "").partition("=")
+        if method == "GET" and len(parts) == 6:
+            label, _, value = ((query or {}).get("labelSelector") or "").partition("=")
             items = [obj for (ns, _), obj in self.presence.items() if ns == namespace
-                     and (not key or obj["metadata"].get("labels", {}).get(key) == value)]
+                     and (not label or obj["metadata"].get("labels", {}).get(label) == value)]
             return {"items": items, "metadata": {"resourceVersion": self.next_revision()}}
         if method == "POST":
             name = body["metadata"]["name"]
-            stored = {**copy.deepcopy(body), "metadata": {**body["metadata"],
-                                                          "namespace": namespace}}
+            if (namespace, name) in self.presence:
+                raise ConflictError(409, "AlreadyExists", f"leases {name!r} already exists")
+            stored = {**copy.deepcopy(body), "metadata": {
+                **body["metadata"], "namespace": namespace,
+                "resourceVersion": self.next_revision()}}
             self.presence[(namespace, name)] = stored
             return stored
         key = (namespace, parts[6])
         if key not in self.presence:
             raise NotFoundError(404, "NotFound", f"leases {parts[6]!r} not found")
+        if method == "GET":
+            return self.presence[key]
+        stored_version = self.presence[key]["metadata"].get("resourceVersion")
+        wanted = ((body or {}).get("preconditions") if method == "DELETE"
+                  else (body or {}).get("metadata")) or {}
+        if wanted.get("resourceVersion") not in (None, stored_version):
+            raise ConflictError(409, "Conflict", "the object has been modified")
         if method == "DELETE":
             return self.presence.pop(key)
-        self.presence[key] = merge_patch(self.presence[key], body)
+        patched = merge_patch(self.presence[key], body)
+        patched["metadata"]["resourceVersion"] = self.next_revision()
+        self.presence[key] = patched
         return self.presence[key]
 
     def _handle(self, method: str, path: str, body: Any, content_type: str | None,

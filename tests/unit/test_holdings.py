@@ -288,6 +288,7 @@ def test_a_renewer_killed_by_an_unplanned_base_exception_is_a_declared_loss(
     lease = lease_for(kind, 0.9, [Unplanned("no one caught this")])
     run = hold_for(kind, lease, 10)
     assert isinstance(run.error, RenewalStoppedError) and "Unplanned" in str(run.error)
+    assert "renewal of 'job' stopped by an unexpected error: Unplanned(" in str(run.error)
     assert run.elapsed < 0.8 and lease.released == []
 
 
@@ -301,6 +302,8 @@ def test_an_error_in_the_deadline_watchdog_is_a_declared_loss(kind: str) -> None
     run = hold_for(kind, lease, 10, checks=False)  # (a check() would meet the error first)
     assert isinstance(run.holding.loss, RenewalStoppedError)
     assert "deadline watchdog" in str(run.holding.loss) and run.elapsed < 1.2
+    # what ended it, named: the guard and the error (not "ended unexpectedly")
+    assert "deadline watchdog of 'job' stopped by an unexpected error: " in str(run.holding.loss)
 
 
 def test_an_error_in_check_is_a_declared_loss(kind: str) -> None:
@@ -455,7 +458,7 @@ def test_a_renewer_cancelled_from_outside_is_a_declared_loss(kind: str) -> None:
     lease = AsyncLease(5)
 
     async def main() -> None:
-        with pytest.raises(RenewalStoppedError, match="was cancelled"):
+        with pytest.raises(RenewalStoppedError, match="renewal of 'job' was cancelled"):
             async with AsyncLeaseHolding(lease) as holding:  # type: ignore[arg-type]
                 assert holding._renewer is not None
                 holding._renewer.cancel()
@@ -481,3 +484,28 @@ def test_a_loss_the_body_declared_with_check_does_not_cancel_it(kind: str) -> No
 
     asyncio.run(main())
     assert lease.released == []
+
+
+def test_a_completion_without_a_result_records_an_empty_one(kind: str) -> None:
+    lease = lease_for(kind, 5)
+    run = hold_for(kind, lease, STEP, lambda holding, step: holding.complete())  # one step
+    assert run.error is None and lease.completed == [""]
+
+
+def test_the_guards_are_named_after_the_lease_and_never_keep_a_process_alive(kind: str
+                                                                          ) -> None:
+    """Thread and task names are what a stack dump or ``asyncio.all_tasks()`` shows."""
+    seen: dict[str, bool] = {}
+
+    def look(holding: Any, step: int) -> None:
+        if kind == "sync":
+            seen.update({t.name: t.daemon for t in threading.enumerate()})
+        else:
+            seen.update({t.get_name(): True for t in asyncio.all_tasks()})
+
+    run = hold_for(kind, lease_for(kind, 5), STEP, look)
+    assert run.error is None
+    if kind == "sync":
+        assert seen["renew-job"] is True and seen["deadline-job"] is True
+    else:
+        assert "joblease-renew-job" in seen

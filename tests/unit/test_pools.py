@@ -657,6 +657,7 @@ def test_a_dispatched_worker_adopts_its_assignment_and_takes_only_jobs_not_opted
     stored = api.stored("ns", "mine")["status"]  # type: ignore[index]
     assert stored["renewTime"] != stored["acquireTime"] and stored["generation"] == 1
     assert not unadopted(mine.observed.status)
+    assert mine.claim_id == dispatch_claim_id("x")  # the dispatcher's claim, not a new one
     plain = pool.claim_next("w", timeout=0)  # by turns: the dispatcher never gives it out
     assert plain is not None and plain.name == "plain"
     assert pool.claim_next("w", timeout=0) is None  # "open" is the dispatcher's to give
@@ -687,6 +688,33 @@ def test_an_assignment_taken_back_before_its_adoption_is_never_handed_out(
     stored = api.stored("ns", "mine")["status"]  # type: ignore[index]
     assert (stored["holder"], stored["generation"]) == ("w2", 2)  # w2's claim stands
     assert pool.conflicts == 1 and pool.view.is_set_aside("mine")
+
+
+def test_an_adoption_that_raises_hands_the_job_back_for_the_next_call(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from joblease.domain.errors import format_time
+    from joblease.domain.lease import dispatch_claim_id
+    from support.fakekube import T_NOW
+
+    at = format_time(T_NOW - timedelta(seconds=1))
+    api = server(held_by_other("mine", 30, status={
+        "holder": "w", "claimId": dispatch_claim_id("x"), "acquireTime": at, "renewTime": at}))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, slots=1)
+    pool.engine.dispatcher_until = T_NOW + timedelta(seconds=60)
+    client = pool.real._client if kind == "sync" else pool.real.client
+    resume = client.resume
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        client.resume = resume  # once
+        raise RuntimeError("resume broke")
+
+    client.resume = broken
+    with pytest.raises(RuntimeError, match="resume broke"):
+        pool.claim_next("w", timeout=0)
+    again = pool.claim_next("w", timeout=0)  # not left marked as being adopted
+    assert again is not None and again.name == "mine"
 
 
 def test_a_dispatched_worker_watches_only_its_own_part_and_the_whole_pool_once_it_lapses(
@@ -748,3 +776,28 @@ def test_a_worker_that_may_be_dispatched_lists_nothing_until_its_presence_answer
     pools.append((pool, whole))
     assert whole.fields is None and engine.wanted_scope() == FULL and len(feeds) == 1
     assert engine.scopes == 2
+
+
+def test_presence_that_breaks_is_logged_whole_and_claims_go_on(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+    import time
+
+    from joblease.core.presence import Presence
+
+    def broken(self: Presence, sink: Any) -> Any:
+        raise RuntimeError("presence broke")
+        yield  # a generator, as presence's steps are
+
+    monkeypatch.setattr(Presence, "steps", broken)
+    api = server(available("a"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
+    lease = pool.claim_next("w", timeout=0)
+    assert lease is not None and lease.name == "a"
+    deadline = time.monotonic() + 10  # presence runs in its own thread or task
+    while not caplog.records and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [(r.levelno, r.getMessage(), str(r.exc_info and r.exc_info[1]))
+            for r in caplog.records] == [
+        (logging.ERROR, "JobLease pool 'team=batch': presence stopped", "presence broke")]

@@ -235,9 +235,11 @@ class CompletingLease(FakeLease):
     def __init__(self, seconds: float) -> None:
         super().__init__(seconds, lambda: None)
         self.completions = 0
+        self.results: list[str] = []
 
     def complete(self, result: str = "") -> None:
         self.completions += 1
+        self.results.append(result)
 
 
 def test_a_completed_holding_declares_no_loss_at_the_old_deadline() -> None:
@@ -268,6 +270,19 @@ def test_an_async_body_after_its_completion_is_not_cancelled() -> None:
 
     asyncio.run(work())
     assert len(steps) == 20
+    assert lease.results == ["ok"]
+
+
+@pytest.mark.filterwarnings("ignore:joblease.AsyncHolding is deprecated")
+def test_an_async_completion_without_a_result_records_an_empty_one() -> None:
+    lease = CompletingLease(5.0)
+
+    async def work() -> None:
+        async with AsyncHolding(lease) as holding:  # type: ignore[arg-type]
+            await holding.complete_async()
+
+    asyncio.run(work())
+    assert lease.results == [""]
 
 
 # -- item 5: the supervisor (one watcher process per worker; issue 22 replaced the sentinel) --
@@ -419,3 +434,51 @@ def test_no_date_header_is_named_as_the_problem() -> None:
     with pytest.raises(UnavailableError, match="without a usable Date header"):
         api.server_now()
 
+
+
+# -- the deprecated AsyncHolding's own surface (mutation pass, 2026-12-06) -----------------
+
+class ReleasingLease(CompletingLease):
+    """Records each release on exit."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.releases: list[bool] = []
+
+    def release(self, failed: bool = False) -> None:
+        self.releases.append(failed)
+
+
+def test_async_holding_warns_whole() -> None:
+    lease = ReleasingLease(30.0)
+    with pytest.warns(DeprecationWarning) as warned:
+        AsyncHolding(lease, renew_fraction=0.25)  # type: ignore[arg-type]
+    assert [str(w.message) for w in warned] == [
+        "joblease.AsyncHolding is deprecated: claim with joblease.aio.AsyncLeaseClient and "
+        "hold with `async with client.hold(lease)` (docs/sdk.md)"]
+
+
+@pytest.mark.filterwarnings("ignore:joblease.AsyncHolding is deprecated")
+def test_async_holding_releases_on_exit_failed_only_after_an_exception_and_never_swallows(
+) -> None:
+    lease = ReleasingLease(30.0)
+
+    async def fine() -> None:
+        async with AsyncHolding(lease):  # type: ignore[arg-type]
+            pass
+
+    async def failing() -> None:
+        async with AsyncHolding(lease):  # type: ignore[arg-type]
+            raise ValueError("the body failed")
+
+    asyncio.run(fine())
+    with pytest.raises(ValueError, match="the body failed"):
+        asyncio.run(failing())
+    assert lease.releases == [False, True]
+
+
+@pytest.mark.filterwarnings("ignore:joblease.AsyncHolding is deprecated")
+def test_async_holding_renews_at_the_fraction_it_is_given() -> None:
+    lease = ReleasingLease(30.0)
+    pause = AsyncHolding(lease, renew_fraction=0.2)._engine.renew_pause()  # type: ignore[arg-type]
+    assert pause == pytest.approx(6.0, abs=0.1)  # a fifth of 30 s, not the default third
