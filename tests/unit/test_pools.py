@@ -56,6 +56,10 @@ from support.pools import (
 
 pytestmark = pytest.mark.parametrize("kind", KINDS)
 LOST = UnavailableError(0, "Unavailable", "connection reset")
+# The scripted feed's own pause: ``fake_sleep`` replaces ``asyncio.sleep`` on the module, so
+# a feed task that woke after it was installed recorded its 0.01 s pauses as the pool's and
+# spun without yielding (seen under load: ``slept == [0.05]`` failed with 0.01 s entries).
+FEED_PAUSE = asyncio.sleep
 
 
 class AsyncScriptedFeed(ScriptedFeed):
@@ -65,7 +69,7 @@ class AsyncScriptedFeed(ScriptedFeed):
         try:
             self.list_step(sink)
             while not self.stopped.is_set():
-                await asyncio.sleep(0.01)
+                await FEED_PAUSE(0.01)
         finally:  # cancelled with its pool: the feed ended, as ScriptedFeed's stop says
             self.stopped.set()
 
