@@ -53,8 +53,8 @@ class ScriptedFeed:
                 sink.trouble(self.before_list)
             elif not self.never_lists:
                 sink.replace([Observed.from_object(o) for o in self.api.objects.values()],
-                             str(max(int(o["metadata"]["resourceVersion"])
-                                     for o in self.api.objects.values())))
+                             str(max((int(o["metadata"]["resourceVersion"])
+                                      for o in self.api.objects.values()), default=0)))
         finally:
             self.listed.set()
 

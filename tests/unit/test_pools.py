@@ -805,3 +805,59 @@ def test_presence_that_breaks_is_logged_whole_and_claims_go_on(
     assert [(r.levelno, r.getMessage(), str(r.exc_info and r.exc_info[1]))
             for r in caplog.records] == [
         (logging.ERROR, "JobLease pool 'team=batch': presence stopped", "presence broke")]
+
+
+def test_a_waiting_claim_on_an_empty_pool_waits_for_new_jobs_by_default(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only ``until_empty=True`` (``joblease work --until-empty``) gives up on an empty pool:
+    by default a worker waits for the next job to be created."""
+    api = server()
+    pool, feed = pool_over(kind, api, pools, monkeypatch)
+    assert pool.claim_next("w", timeout=5, until_empty=True) is None  # empty: at once
+    waiter = Waiter(pool, timeout=10)
+    time.sleep(0.1)
+    assert not waiter.got and not waiter.raised  # still waiting
+    server(available("new"), api=api)
+    feed.event("ADDED", "new")
+    got = waiter.result(10)
+    assert got is not None and got.name == "new"
+
+
+def test_closing_a_pool_twice_leaves_its_presence_once(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    api = server(available("job"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
+    assert pool.claim_next("me", timeout=5) is not None
+    deadline = time.monotonic() + 5
+    while not api.presence:
+        assert time.monotonic() < deadline, "presence never wrote its record"
+        time.sleep(0.01)
+    pool.close()
+    deletes = [req for req in api.presence_requests if req[0] == "DELETE"]
+    assert len(deletes) == 1 and api.presence == {}
+    pool.close()  # idempotent: nothing is stopped, joined or deleted again
+    assert [req for req in api.presence_requests if req[0] == "DELETE"] == deletes
+
+
+def test_the_thread_pool_runs_only_named_daemon_threads(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A thread pool left open must not keep the interpreter alive at exit (daemon threads),
+    and a thread dump names each of its threads by its part and pool; the asyncio pool
+    starts no thread at all (its feeds and presence are tasks on the caller's loop)."""
+    before = set(threading.enumerate())
+    api = server(available("job"))
+    pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
+    assert pool.claim_next("me", timeout=5) is not None
+    deadline = time.monotonic() + 5
+    while not api.presence:
+        assert time.monotonic() < deadline, "presence never wrote its record"
+        time.sleep(0.01)
+    started_here = {t for t in threading.enumerate() if t not in before}
+    names = {t.name for t in started_here}
+    if kind != "sync":
+        assert not [name for name in names if name.startswith("joblease-")], names
+        return
+    assert {"joblease-pool[team=batch]", "joblease-feed[team=batch]#0",
+            "joblease-presence[team=batch]"} <= names, names
+    assert all(t.daemon for t in started_here if t.name.startswith("joblease-")), \
+        [(t.name, t.daemon) for t in started_here]
