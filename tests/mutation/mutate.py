@@ -192,6 +192,14 @@ def file_of(mutant: str) -> str:
     return "/".join(dotted.split(".")[1:]) + ".py"
 
 
+def _score_line(label: str, counts: Counter[str]) -> str:
+    """One report line: killed (timeouts included) / all, the percentage, each status."""
+    total = sum(counts.values())
+    killed = sum(n for s, n in counts.items() if s in KILLED)
+    detail = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
+    return f"  {label} {killed:4d} / {total:4d} = {100 * killed / total:5.1f} %  ({detail})"
+
+
 def report(statuses: dict[str, str]) -> int:
     """Print the score per module and the survivors; return the number of survivors."""
     by_module: dict[str, Counter[str]] = defaultdict(Counter)
@@ -203,19 +211,13 @@ def report(statuses: dict[str, str]) -> int:
             survivors[module].append(f"{name}: {status}")
     print("\nmutation score (killed incl. timeouts / all mutants):")
     for module, counts in sorted(by_module.items()):
-        total = sum(counts.values())
-        killed = sum(n for s, n in counts.items() if s in KILLED)
-        detail = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
-        print(f"  {module:9s} {killed:4d} / {total:4d} = {100 * killed / total:5.1f} %  ({detail})")
+        print(_score_line(f"{module:9s}", counts))
     by_file: dict[str, Counter[str]] = defaultdict(Counter)
     for name, status in statuses.items():
         by_file[file_of(name)][status] += 1
     print("\nper file:")
     for path, counts in sorted(by_file.items()):
-        total = sum(counts.values())
-        killed = sum(n for s, n in counts.items() if s in KILLED)
-        detail = ", ".join(f"{s} {n}" for s, n in sorted(counts.items()))
-        print(f"  {path:32s} {killed:4d} / {total:4d} = {100 * killed / total:5.1f} %  ({detail})")
+        print(_score_line(f"{path:32s}", counts))
     for module, names in sorted(survivors.items()):
         print(f"\nsurvivors in {module} ({len(names)}):")
         for name in names:

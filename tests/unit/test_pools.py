@@ -209,6 +209,14 @@ def pool_over(kind: str, api: FakeKubeApi, made: list[tuple[PoolView, ScriptedFe
     return pool, scripted
 
 
+def presence_written(api: FakeKubeApi) -> None:
+    """Wait (at most 5 s) for the pool's presence, in its own thread or task, to write."""
+    deadline = time.monotonic() + 5
+    while not api.presence:
+        assert time.monotonic() < deadline, "presence never wrote its record"
+        time.sleep(0.01)
+
+
 # -- claiming from the cache -------------------------------------------------------------------
 
 def test_each_claim_is_one_write_decided_from_the_cache_oldest_first(
@@ -572,10 +580,7 @@ def test_a_pool_whose_watch_died_still_leaves_its_presence_on_close(
     api = server(available("job"))
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
     assert pool.claim_next("me", timeout=5) is not None
-    deadline = time.monotonic() + 5
-    while not api.presence:
-        assert time.monotonic() < deadline, "presence never wrote its record"
-        time.sleep(0.01)
+    presence_written(api)
     boom = RuntimeError("boom")
 
     async def die() -> None:  # on the pool's loop, as its feed task would
@@ -828,10 +833,7 @@ def test_closing_a_pool_twice_leaves_its_presence_once(
     api = server(available("job"))
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
     assert pool.claim_next("me", timeout=5) is not None
-    deadline = time.monotonic() + 5
-    while not api.presence:
-        assert time.monotonic() < deadline, "presence never wrote its record"
-        time.sleep(0.01)
+    presence_written(api)
     pool.close()
     deletes = [req for req in api.presence_requests if req[0] == "DELETE"]
     assert len(deletes) == 1 and api.presence == {}
@@ -848,10 +850,7 @@ def test_the_thread_pool_runs_only_named_daemon_threads(
     api = server(available("job"))
     pool, _ = pool_over(kind, api, pools, monkeypatch, presence=True)
     assert pool.claim_next("me", timeout=5) is not None
-    deadline = time.monotonic() + 5
-    while not api.presence:
-        assert time.monotonic() < deadline, "presence never wrote its record"
-        time.sleep(0.01)
+    presence_written(api)
     started_here = {t for t in threading.enumerate() if t not in before}
     names = {t.name for t in started_here}
     if kind != "sync":
