@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import pytest
 
 from joblease.kube import lite
-from joblease.kube.api import KubeApi
+from joblease.kube.api import KubeApi, UnavailableError
 from joblease.kube.lite import LiteApiClient, LiteConfig
 
 FIRST = {"type": "ADDED", "object": {"metadata": {"name": "a", "resourceVersion": "5"}}}
@@ -57,6 +57,9 @@ class Stub(BaseHTTPRequestHandler):
             if "hang" in self.path:  # never ends by itself: only a close ends the read
                 Server.release.wait(10)
             self._chunk(b"")
+            return
+        if "stall" in self.path:  # a hung request: read, never answered (until released)
+            Server.release.wait(10)
             return
         body = json.dumps({"kind": "Thing", "path": self.path}).encode()
         self.send_response(200)
@@ -185,3 +188,20 @@ def test_a_connection_idle_too_long_is_not_reused(api: KubeApi,
     client = api._client
     assert isinstance(client, LiteApiClient)
     assert client.opened == 3
+
+
+def test_a_hung_request_times_out_as_unavailable_and_its_connection_is_dropped(
+        api: KubeApi) -> None:
+    """A renewal on ``joblease work``'s transport must not wait past its own bound: a server
+    that reads the request and never answers ends it at ``timeout`` with "no answer", and
+    the half-used connection is never handed to the next request."""
+    assert api.request("GET", "/warm").body["path"] == "/warm"  # one idle connection
+    began = time.monotonic()
+    with pytest.raises(UnavailableError):
+        api.request("GET", "/stall", timeout=0.3)
+    assert time.monotonic() - began < 5  # the bound held (the stub waits 10 s)
+    client = api._client
+    assert isinstance(client, LiteApiClient)
+    assert client._idle == []  # the stalled connection was closed, not put back
+    assert api.request("GET", "/after").body["path"] == "/after"
+    assert client.opened == 2
