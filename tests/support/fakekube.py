@@ -119,9 +119,11 @@ class FakeKubeApi:
         parts = path.strip("/").split("/")
         namespace = parts[4]
         if method == "GET" and len(parts) == 6:
-            label, _, value = ((query or {}).get("labelSelector") or "").partition("=")
-            items = [obj for (ns, _), obj in self.presence.items() if ns == namespace
-                     and (not label or obj["metadata"].get("labels", {}).get(label) == value)]
+            selector = (query or {}).get("labelSelector") or ""
+            name = ((query or {}).get("fieldSelector") or "").removeprefix("metadata.name=")
+            items = [obj for (ns, n), obj in self.presence.items() if ns == namespace
+                     and _labels_match(selector, obj["metadata"].get("labels") or {})
+                     and (not name or n == name)]
             return {"items": items, "metadata": {"resourceVersion": self.next_revision()}}
         if method == "POST":
             name = body["metadata"]["name"]
@@ -286,3 +288,17 @@ class AsyncFakeKubeApi:
 
     async def close(self) -> None:
         pass
+
+
+def _labels_match(selector: str, labels: dict[str, str]) -> bool:
+    """Whether ``labels`` match a selector of ``key=value`` and ``key!=value`` terms."""
+    for term in filter(None, selector.split(",")):
+        if "!=" in term:
+            key, _, value = term.partition("!=")
+            if labels.get(key) == value:
+                return False
+        else:
+            key, _, value = term.partition("=")
+            if labels.get(key) != value:
+                return False
+    return True
