@@ -70,8 +70,9 @@ def measure(cluster: LocalCluster, count: int, threads: int) -> dict[str, Any]:
                                      "metadata": {"name": name, "labels": {"p": "x"}},
                                      "spec": {"holderIdentity": "bench"}})
     figures = {
-        "status write": _phase(cluster, "status write", count, threads, lambda i: common.floor_write(
-            api, NAMESPACE, observed[names[i]], "bench")),
+        "status write": _phase(cluster, "status write", count, threads,
+                               lambda i: common.floor_write(api, NAMESPACE, observed[names[i]],
+                                                            "bench")),
         "lease annotation patch": _phase(cluster, "lease annotation patch", count, threads,
                                          lambda i: api.request(
             "PATCH", f"{LEASES}/{inboxes[i % threads]}",

@@ -202,14 +202,17 @@ class FakeKubeApi:
                         for k, v in wanted.items())]
 
     def _list(self, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
-        """A page of JobLeases: ``key=value`` label terms, ``status.phase=`` only, ``limit``.
+        """A page of JobLeases: ``key=value`` label terms, ``status.phase=`` or
+        ``metadata.name=`` as field selector, ``limit``.
 
         The ``continue`` token is the offset of the next page in name order.
         """
         labels = dict(t.split("=", 1) for t in query.get("labelSelector", "").split(",") if t)
-        phase = query.get("fieldSelector", "").removeprefix("status.phase=") or None
-        matching = [obj for (ns, _), obj in sorted(self.objects.items())
-                    if namespace in (None, ns)
+        fields = query.get("fieldSelector", "")
+        name = fields.removeprefix("metadata.name=") if fields.startswith("metadata.") else None
+        phase = None if name is not None else fields.removeprefix("status.phase=") or None
+        matching = [obj for (ns, n), obj in sorted(self.objects.items())
+                    if namespace in (None, ns) and name in (None, n)
                     and all(obj["metadata"].get("labels", {}).get(k) == v
                             for k, v in labels.items())
                     and (phase is None or obj.get("status", {}).get("phase") == phase)]

@@ -404,13 +404,16 @@ class Dispatcher:
                                    adopt_within=self.adopt_within)
             self._take_back({q.job.name for q in queue}, held, server_now, margin, now)
             out = {name for jobs in self.proposed.values() for name in jobs}
-            free = {w: max(0, c - len(self.proposed.get(w, {}))) for w, c in cap.items()}
+            free = {w: max(0, c - len(self.proposed.get(w, {}))) for w, c in cap.items()
+                    if w not in self.passed_over}  # passed over in this round included
             room = self.in_flight - len(self._flying)
             claims: list[tuple[Queued, str]] = []
             for queued, worker in plan([q for q in queue if q.job.name not in out], free,
                                        may_receive):
                 if worker in self._readers and not queued.reassign:
                     self._propose(queued.job, worker, now)
+                    if held[worker] < self._slots.get(worker, 0):  # it may claim at once
+                        self._free_since.setdefault(worker, now)
                 elif len(claims) < room:
                     self._flying[queued.job.name] = worker
                     claims.append((queued, worker))

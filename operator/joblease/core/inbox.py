@@ -66,6 +66,9 @@ class InboxSink(Protocol):
     def inbox(self, proposals: tuple[Proposal, ...]) -> None:
         """The proposals the inbox holds now, in the order to claim (empty: none)."""
 
+    def inbox_refused(self) -> None:
+        """The API server refused the worker its inbox (403): no proposal will be seen."""
+
 
 class Inbox:
     """A worker's inbox, read and watched (see the module doc).
@@ -97,7 +100,8 @@ class Inbox:
         """Read the inbox, then watch it and resume, until stopped or refused.
 
         A 410 reads it again at once; other failures are retried after the feed's backoff;
-        a 403 turns the inbox off with one warning (and empties it: no proposal is claimed).
+        a 403 turns the inbox off with one warning, and the worker announces that it reads
+        none (the dispatcher then claims for it, and it adopts).
         """
         failures = 0
         while True:
@@ -109,9 +113,10 @@ class Inbox:
             except ForbiddenError as err:
                 self.enabled = False
                 sink.inbox(())
-                log.warning("the inbox of %s is refused (%s): grant watch on "
-                            "leases.coordination.k8s.io to receive dispatched work",
-                            self.name, err)
+                sink.inbox_refused()
+                log.warning("the inbox of %s is refused (%s): the dispatcher will claim for "
+                            "this worker instead; grant watch on leases.coordination.k8s.io "
+                            "to receive proposals", self.name, err)
                 return
             except ApiError as err:
                 if err.status == 410:

@@ -285,6 +285,12 @@ class PoolEngine:
             self._tried &= {(p.name, p.resource_version) for p in proposals}
             self._changed()
 
+    def inbox_refused(self) -> None:
+        """The inbox was refused: presence announces that this worker reads none."""
+        with self._guard:
+            if self.presence is not None:
+                self.presence.stop_reading_inbox()
+
     # -- the feed's scope (issue 30: a dispatched worker watches only its own jobs) ----------
 
     def wanted_scope(self) -> Scope:

@@ -133,6 +133,8 @@ class Presence:
         self.seconds = seconds
         self.every = every
         self.enabled = True
+        self.reads_inbox = slots is not None  # announced with the slots: proposals welcome
+        self._announce_again = False
         self.counts = PresenceCounts()
         self.name = record_name(self.pool, holder)
         self._path = PATH.format(namespace=namespace)
@@ -157,6 +159,15 @@ class Presence:
             rounds += 1
             yield Sleep(pause * random.uniform(0.8, 1.2))  # 3
 
+    def stop_reading_inbox(self) -> None:
+        """The worker cannot read its inbox (refused): announce so at the next renewal.
+
+        A dispatcher then claims for it and it adopts, as a worker of an earlier version,
+        instead of proposing jobs it would never see.
+        """
+        if self.reads_inbox:
+            self.reads_inbox, self._announce_again = False, True
+
     def leave_steps(self) -> Steps[None]:
         """Delete this worker's record (a clean exit: the others re-rank at their next list)."""
         if not self.enabled:
@@ -170,18 +181,23 @@ class Presence:
         now: ServerNow = yield ServerTime()
         spec = {"holderIdentity": self.holder, "leaseDurationSeconds": self.seconds,
                 "renewTime": micro_time(now.midpoint)}
-        annotations = ({} if self.slots is None
-                       else {SLOTS_ANNOTATION: str(self.slots), INBOX_ANNOTATION: "1"})
+        annotations: dict[str, str | None] = {}
+        if self.slots is not None:
+            annotations = {SLOTS_ANNOTATION: str(self.slots),
+                           INBOX_ANNOTATION: "1" if self.reads_inbox else None}
         patch: dict[str, Any] = {"spec": spec}
-        if annotations and self.counts.renewals == 0:  # announced once (then only renewed)
-            patch["metadata"] = {"annotations": annotations}
+        if annotations and (self.counts.renewals == 0 or self._announce_again):
+            patch["metadata"] = {"annotations": annotations}  # announced once, then renewed
+            self._announce_again = False
         try:
             yield Call(LeaseCall("PATCH", f"{self._path}/{self.name}", _raw,
                                  body=patch, content_type=MERGE_PATCH))
         except NotFoundError:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "labels": {POOL_LABEL: self.pool},
-                                 **({"annotations": annotations} if annotations else {})},
+                                 **({"annotations": kept} if (kept := {
+                                     k: v for k, v in annotations.items() if v is not None})
+                                    else {})},
                     "spec": {**spec, "acquireTime": spec["renewTime"]}}
             yield Call(LeaseCall("POST", self._path, _raw, body=body))
         self.counts.renewals += 1
