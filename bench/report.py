@@ -421,9 +421,10 @@ def _dispatched_trickle_rows(trickle: dict[str, Any], turns: dict[str, Any],
          f"→ command started {_s3(created['p50'])} / {_s3(created['p99'])}; by turns p99 "
          f"{_s3(by_turns)}", "", f"p99 ≤ {t['dispatched_latency_p99']} s",
          _ok(met.get("dispatched_latency_p99"))),
-        ("pool, dispatched: trickle, watch events sent per job (all watchers)",
-         f"{trickle['events_per_job']:.1f}",
-         f"by turns {turns.get('events_per_job', math.nan):.1f}; "
+        ("pool, dispatched: trickle, watch events sent per job (all watchers): JobLeases + "
+         "coordination Leases (inboxes, presence, the dispatcher's record)",
+         f"{trickle['events_per_job']:.1f} + {trickle.get('lease_events_per_job', 0.0):.1f}",
+         f"by turns {turns.get('events_per_job', math.nan):.1f} (JobLeases); "
          f"{trickle['status_writes_per_job']:.2f} status writes and "
          f"{trickle['wasted_per_job']:.2f} refused per job", "",
          f"≤ {t['dispatched_trickle_events_per_job']}", _ok(met.get("dispatched_trickle_events")))]

@@ -21,7 +21,12 @@ from test_pool import create, delivering, open_pool, synced_pool  # noqa: F401  
 from joblease.core.dispatcher import Dispatcher
 from joblease.core.presence import INBOX_ANNOTATION, PATH, Presence
 from joblease.core.steps import SyncPort, drive
-from joblease.domain.lease import DISPATCH_CLAIM_PREFIX, Phase
+from joblease.domain.lease import (
+    DISPATCH_CLAIM_PREFIX,
+    PROPOSED_CLAIM_PREFIX,
+    Phase,
+    dispatched_claim,
+)
 from joblease.kube.api import MERGE_PATCH
 from joblease.kube.errors import InvalidError
 from joblease.sdk.client import LeaseClient
@@ -76,7 +81,7 @@ def test_a_dispatcher_proposes_in_priority_order_and_workers_claim_and_complete(
     for _ in range(4):
         lease = pool.claim_next(w1, timeout=10)
         assert lease is not None
-        assert not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # the worker's own claim
+        assert lease.claim_id.startswith(PROPOSED_CLAIM_PREFIX)  # its own, on a proposal
         order.append(lease.name)
         lease.complete("done")
     assert order[:2] == ["job-1", "job-3"] and sorted(order[2:]) == ["job-0", "job-2"]
@@ -105,13 +110,13 @@ def test_with_the_dispatcher_killed_workers_take_turns_and_return_when_it_is_bac
     first.kill()  # its record is left to lapse, as a crash leaves it
     create(leases, "alone", dispatch=OPT_IN)
     lease = pool.claim_next(w1, timeout=RECORD_SECONDS + 8)  # turns once the record lapsed
-    assert lease is not None and not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+    assert lease is not None and not dispatched_claim(lease.claim_id)
     lease.complete("by turns")
     second = dispatchers()  # a new replica takes the lapsed record over
     wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher back")
     create(leases, "dispatched-again", dispatch=OPT_IN)
     again = pool.claim_next(w1, timeout=10)  # dispatched: an opted-in job only by proposal
-    assert again is not None and again.name == "dispatched-again"
+    assert again is not None and again.claim_id.startswith(PROPOSED_CLAIM_PREFIX)
     assert second.counts.proposed == 1
 
 

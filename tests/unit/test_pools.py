@@ -894,7 +894,7 @@ def test_a_proposed_job_is_read_within_the_pool_and_claimed_by_the_worker_itself
     assert writes(api) == [("GET", "jobleases"), ("PATCH", "open")]  # read, then its claim
     stored = api.stored("ns", "open")["status"]  # type: ignore[index]
     assert (stored["holder"], stored["generation"]) == ("w", 1)
-    assert not stored["claimId"].startswith("dispatch-")  # its own claim, not an adoption
+    assert stored["claimId"].startswith("proposed-")  # its own claim, made on a proposal
     assert pool.claim_next("w", timeout=0) is None  # tried: not read again at that version
     assert len(writes(api)) == 2 and (pool.claims, pool.conflicts) == (1, 0)
 
