@@ -46,6 +46,7 @@ Every child process is stopped by its PID when the section ends, also on failure
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import itertools
 import json
@@ -230,10 +231,14 @@ def _product() -> dict[str, str]:
     """Which joblease the workers run: the package a child process imports, and its commit.
 
     The workers inherit this process's environment (``PYTHONPATH`` included), so pointing
-    ``PYTHONPATH`` at another checkout measures that checkout with this benchmark.
+    ``PYTHONPATH`` at another checkout measures that checkout with this benchmark. Its
+    modules are compiled first (``compileall``), as a wheel install does (``bench.cli``):
+    under ``PYTHONDONTWRITEBYTECODE=1`` (this machine's shells set it) every worker would
+    otherwise compile about 100 modules at start-up, CPU no installed worker pays.
     """
     where = subprocess.run([sys.executable, "-c", "import joblease; print(joblease.__file__)"],
                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    compileall.compile_dir(str(Path(where).parent), quiet=1)
     commit = subprocess.run(["git", "-C", str(Path(where).parent), "rev-parse", "--short",
                              "HEAD"], capture_output=True, text=True, timeout=30).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(Path(where).parent), "status", "--porcelain",
@@ -541,7 +546,9 @@ class DispatchRun:
 
     def start(self, selector: str) -> None:
         self.client = LeaseClient(self.namespace, kubeconfig=self.kubeconfig)
-        self.dispatcher = Dispatcher.for_client(self.client, selector).start()
+        ahead = os.environ.get("JOBLEASE_BENCH_DISPATCH_AHEAD")  # a comparison's knob
+        options = {} if ahead is None else {"ahead": int(ahead)}
+        self.dispatcher = Dispatcher.for_client(self.client, selector, **options).start()
         self._cpu = time.process_time()
 
     def tick(self, done: float, jobs: int) -> None:

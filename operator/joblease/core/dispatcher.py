@@ -262,7 +262,9 @@ class Dispatcher:
         self._threads = [threading.Thread(target=self._run_feed, daemon=True,
                                           name=f"joblease-dispatch-feed[{selector}]"),
                          threading.Thread(target=self._run, daemon=True,
-                                          name=f"joblease-dispatcher[{selector}]")]
+                                          name=f"joblease-dispatcher[{selector}]"),
+                         threading.Thread(target=self._run_record, daemon=True,
+                                          name=f"joblease-dispatch-record[{selector}]")]
 
     @classmethod
     def for_client(cls, client: Any, selector: str, identity: str | None = None,
@@ -334,6 +336,24 @@ class Dispatcher:
     # -- the loop --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """Dispatch rounds: one after each change (a watch event, a write's answer, a list).
+
+        The record's renewals and the workers' lists run in a thread of their own
+        (:meth:`_run_record`): a round never waits for their requests, so a worker that
+        frees is given the head of the queue within one round.
+        """
+        while not self._stop.is_set():
+            if self.leader:
+                self._dispatch()
+            with self._lock:
+                self._lock.wait(timeout=0.2)
+
+    def _run_record(self) -> None:
+        """Hold the record and list the workers on their periods, until stopped.
+
+        Renewals every :data:`RENEW_SECONDS`, lists every :data:`LIST_SECONDS`; each result
+        wakes the dispatch rounds.
+        """
         port = SyncPort(self.store, stop=self._stop)
         renewed_at = listed_at = float("-inf")
         try:
@@ -345,10 +365,12 @@ class Dispatcher:
                 if now - listed_at >= LIST_SECONDS:
                     self._list_workers(port)
                     listed_at = now
-                if self.leader:
-                    self._dispatch()
                 with self._lock:
-                    self._lock.wait(timeout=0.2)
+                    self._lock.notify_all()
+                next_at = min(renewed_at + RENEW_SECONDS, listed_at + LIST_SECONDS)
+                # at most 0.2 s at a time: the transport's clock may run apart from this
+                # thread's timeouts (a test's clock)
+                self._stop.wait(min(0.2, max(0.0, next_at - self.api.monotonic())))
         except Stopped:
             return
 

@@ -145,7 +145,10 @@ def may_receive(job: Observed, worker: str) -> bool:
 
 PROPOSALS_ANNOTATION = "joblease.dev/proposals"  # a worker's inbox: the jobs proposed to it
 MAX_PROPOSALS = 64  # the most proposals a worker reads from its inbox, whatever it holds
-AHEAD = 1  # proposals a worker receives beyond its free slots: its next job is already known
+# proposals a worker receives beyond its free slots. 0: measured (bench/results/pool), one
+# ahead left the drain's rate and completion → next claim as they were (the host is
+# CPU-bound) and made order and an urgent job's wait worse (it waits behind jobs promised)
+AHEAD = 0
 CLAIM_WITHIN = timedelta(seconds=10)  # a proposal left unclaimed longer is taken back
 
 
