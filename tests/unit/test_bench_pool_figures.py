@@ -127,6 +127,7 @@ def test_the_dispatched_rows_carry_figures_targets_and_verdicts() -> None:
         "trickle": {"jobs": 50, "rate": 5.0, "workers": 20, "claimed": {"p50": 0.01,
                                                                         "p99": 0.05},
                     "created": {"p50": 0.03, "p99": 0.08}, "events_per_job": 9.0,
+                    "lease_events_per_job": 1.5,
                     "status_writes_per_job": 3.0, "wasted_per_job": 0.0}}
     rows = report._dispatched_rows(pool)
     assert len(rows) == 4 and all(len(row) == 6 for row in rows)
@@ -136,7 +137,7 @@ def test_the_dispatched_rows_carry_figures_targets_and_verdicts() -> None:
     assert urgent[1] == "0.030 / 0.200" and urgent[4].startswith("≤ 0.1 s")
     assert urgent[5] == "**no**"
     assert claimed[1] == "0.010 / 0.050" and "by turns p99 0.250" in claimed[2]
-    assert events[1] == "9.0" and events[5] == "n/a"
+    assert events[1] == "9.0 + 1.5" and events[5] == "n/a"  # JobLease + Lease events
 
 
 def test_a_dispatched_section_that_failed_is_a_row_saying_so() -> None:

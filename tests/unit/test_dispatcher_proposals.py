@@ -66,12 +66,22 @@ def _with_priority(name: str, priority: int) -> dict[str, Any]:
                         dispatch=OPT_IN, priority=priority)
 
 
-def test_a_reader_is_proposed_its_free_slots_plus_one_in_one_inbox_write_and_no_job_write(
+def test_a_reader_is_proposed_its_free_slots_in_one_inbox_write_and_no_job_write() -> None:
+    api = FakeKubeApi()
+    for name in ("a", "b", "c", "d"):
+        job(api, name)
+    dispatcher = readers(api, {W1: 2})  # the default: nothing ahead
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a", "b"]
+    assert api.requests == [] and dispatcher.counts.inbox_writes == 1
+
+
+def test_with_one_ahead_a_reader_is_proposed_its_free_slots_plus_one_in_one_write(
         ) -> None:
     api = FakeKubeApi()
     for name in ("a", "b", "c", "d"):
         job(api, name)
-    dispatcher = readers(api, {W1: 2})
+    dispatcher = readers(api, {W1: 2}, ahead=1)
     dispatcher._dispatch()
     assert inbox(api, dispatcher, W1) == ["a", "b", "c"]  # 2 slots + 1 ahead, in order
     assert api.requests == []  # nothing written on any job: the worker claims itself
@@ -85,7 +95,7 @@ def test_a_proposal_the_worker_took_leaves_without_a_write_and_frees_one_place()
     api = FakeKubeApi()
     for name in ("a", "b", "c"):
         job(api, name)
-    dispatcher = readers(api, {W1: 1})
+    dispatcher = readers(api, {W1: 1}, ahead=1)
     dispatcher._dispatch()
     assert inbox(api, dispatcher, W1) == ["a", "b"]
     held_by(api, dispatcher, "a", W1)
@@ -147,7 +157,7 @@ def test_a_busy_worker_keeps_the_job_proposed_ahead_however_long_its_job_runs() 
     api = FakeKubeApi()
     for name in ("a", "b"):
         job(api, name)
-    dispatcher = readers(api, {W1: 1}, claim_within=timedelta(seconds=10))
+    dispatcher = readers(api, {W1: 1}, ahead=1, claim_within=timedelta(seconds=10))
     dispatcher._dispatch()
     held_by(api, dispatcher, "a", W1)
     for _ in range(5):
