@@ -51,6 +51,7 @@ class Sizes:
     pool_latency_jobs: int = 50  # the trickle: jobs arriving one by one at idle workers
     pool_latency_rate: float = 5.0  # jobs/s: well below the pool's capacity
     pool_order_jobs: int = 200  # random priorities, created at once; 1 worker, then W
+    pool_urgent_rounds: int = 8  # dispatched: an urgent job while every worker is busy
     scale_bursts: tuple[int, ...] = (500, 5000)  # leases due at once (expiry lag p99)
     scale_idle_seconds: float = 30.0  # the window the operator's idle CPU is measured over
 
@@ -61,7 +62,8 @@ FULL = Sizes(500, 50, 5, 1000, 20, (5, 15), 4, 10, 10_000, 200, 5, 500, 5, 900.0
 # dispatcher halfway) while every phase and figure is still produced
 QUICK = Sizes(15, 5, 1, 40, 4, (3,), 1, 2, 200, 10, 2, 20, 3, 120.0, cli_rounds=3,
               pool_jobs=60, pool_workers=4, pool_latency_jobs=20, pool_latency_rate=10.0,
-              pool_order_jobs=40, scale_bursts=(20, 50), scale_idle_seconds=3.0)
+              pool_order_jobs=40, pool_urgent_rounds=2, scale_bursts=(20, 50),
+              scale_idle_seconds=3.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +168,7 @@ def _run(section: str, cluster: LocalCluster, kubeconfig: str, namespace: str, s
 
         return pool.run(cluster, kubeconfig, namespace, sizes.pool_jobs, sizes.pool_workers,
                         sizes.pool_latency_jobs, sizes.pool_latency_rate, work,
-                        sizes.pool_order_jobs)
+                        sizes.pool_order_jobs, sizes.pool_urgent_rounds)
     from bench import scale
 
     return scale.run(cluster, kubeconfig, namespace, sizes.scale_leases,

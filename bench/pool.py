@@ -1,6 +1,6 @@
 """7. Work pool: drain J jobs with W ``joblease work`` processes (issue 17, item 6).
 
-Four measurements, each against a baseline from the same run:
+Five measurements, each against a baseline from the same run:
 
 * **floor**: W processes (the pool's workers are processes too), each doing bare
   conditional status writes on its own JobLease from its cached ``resourceVersion``
@@ -29,11 +29,24 @@ Four measurements, each against a baseline from the same run:
   subprocess (both pay the fork/exec), marking it done (a second transaction). Both stores
   run without fsync here (etcd ``--unsafe-no-fsync``, PostgreSQL ``fsync=off``).
 
+* **dispatched** (issue 30; ``pool.dispatched``): the drain above with a dispatcher
+  (:class:`DispatchRun`: in this process, driven only through ``Dispatcher.for_client``,
+  ``start`` and ``kill``; the jobs opt in with ``spec.dispatch``; the workers are the same
+  ``joblease work --concurrency 1`` processes under ServiceAccount holder names), then with
+  it killed halfway; then, each with a dispatcher of its own: the **order** phase with W
+  workers (the same seeded priorities as by turns); an **urgent job**: W workers kept busy
+  by ``sleep 1`` jobs, and a few times a job of a higher priority than all queued, its
+  wait = its ``acquireTime`` − the first ``completion.time`` at or after its creation
+  (``bench.pool_figures.urgent_wait``: server records, one machine's clock); and the
+  **trickle** (ready → claimed, watch events per job) to W idle dispatched workers. One of
+  these three that fails is reported as not measured; the others still run.
+
 Every child process is stopped by its PID when the section ends, also on failure.
 """
 
 from __future__ import annotations
 
+import compileall
 import contextlib
 import itertools
 import json
@@ -48,7 +61,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -63,9 +76,10 @@ from bench.common import (
     progress,
     summary,
 )
+from bench.pool_figures import Span, places_late, urgent_wait
 from joblease.core.dispatcher import Dispatcher
-from joblease.domain.lease import DISPATCH_CLAIM_PREFIX, Observed, Phase
-from joblease.kube.api import MERGE_PATCH, KubeApi
+from joblease.domain.lease import Observed, Phase, dispatched_claim
+from joblease.kube.api import MERGE_PATCH, ApiError, KubeApi
 from joblease.kube.leases import LeaseStore, lease_path
 from joblease.sdk.client import LeaseClient
 
@@ -83,12 +97,17 @@ STARTUPS = 3  # `joblease work --until-empty` on an empty selector: a worker's f
 REAL_LABEL = {"batch": "floor-real"}
 ORDER_PRIORITIES = 5  # jobs of the order phase get a priority of 0..4 at random (seeded)
 TARGETS = {"ratio": 0.85, "wasted_per_job": 0.05, "trickle_wasted_per_job": 0.2,
-           "cpu_per_job_s": 0.005, "spread": 1.5, "latency_p99": 0.5, "displaced_one": 0}
+           "cpu_per_job_s": 0.005, "spread": 1.5, "latency_p99": 0.5, "displaced_one": 0,
+           # issue 30, dispatched: places late with 20 workers; an urgent job's wait after
+           # a worker frees (every round); the trickle's ready -> claimed and its events
+           "dispatched_max_late": 19, "urgent_wait_s": 0.1, "dispatched_latency_p99": 0.1,
+           "dispatched_trickle_events_per_job": 10}
+URGENT_ROUNDS = 8  # urgent jobs, one at a time, each while every worker is busy
 
 
 def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
-        latency_jobs: int, latency_rate: float, logs: Path, order_jobs: int = 200
-        ) -> dict[str, Any]:
+        latency_jobs: int, latency_rate: float, logs: Path, order_jobs: int = 200,
+        urgent_rounds: int = URGENT_ROUNDS) -> dict[str, Any]:
     logs = logs / "pool"
     logs.mkdir(parents=True, exist_ok=True)
     product = _product()
@@ -115,6 +134,9 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
             "killed_halfway": _drain(cluster, api, kubeconfig, namespace, jobs, workers, logs,
                                      dispatch=DispatchRun(kubeconfig, namespace,
                                                           kill_halfway=True))}
+        dispatched.update(_dispatched_sections(cluster, api, kubeconfig, namespace, workers,
+                                               latency_jobs, latency_rate, order_jobs,
+                                               urgent_rounds, logs))
         series = [labels for labels, _ in apiserver_metric(cluster, "apiserver_watch_events_total")
                   if {"jobleases", "JobLease", "jobleases.joblease.dev"} & set(labels.values())]
     finally:
@@ -155,18 +177,68 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
         "cpu_per_job": drain["worker_cpu_s_per_job"] <= TARGETS["cpu_per_job_s"],
         "spread": drain["per_worker"]["spread"] <= TARGETS["spread"],
         "latency_p99": latency["claimed"]["p99"] <= TARGETS["latency_p99"],
-        "displaced_one": order["one"]["displaced"] == 0}
+        "displaced_one": order["one"]["displaced"] == 0,
+        **_dispatched_met(dispatched)}
     return out
+
+
+def _dispatched_sections(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str,
+                         workers: int, latency_jobs: int, latency_rate: float, order_jobs: int,
+                         urgent_rounds: int, logs: Path) -> dict[str, Any]:
+    """Issue 30's order, urgent wait and trickle with a dispatcher, each with its own.
+
+    A section that fails is reported as such (``{"error": …}``) and the others still run:
+    the drains before them took minutes.
+    """
+    sections: dict[str, Callable[[], dict[str, Any]]] = {
+        "order": lambda: _order(api, kubeconfig, namespace, order_jobs, workers, logs,
+                                dispatch=DispatchRun(kubeconfig, namespace, kill_halfway=False)),
+        "urgent": lambda: _urgent(cluster, api, kubeconfig, namespace, workers, urgent_rounds,
+                                  logs),
+        "trickle": lambda: _claim_latency(cluster, api, kubeconfig, namespace, workers,
+                                          latency_jobs, latency_rate, logs,
+                                          dispatch=DispatchRun(kubeconfig, namespace,
+                                                               kill_halfway=False))}
+    out: dict[str, Any] = {}
+    for key, section in sections.items():
+        try:
+            out[key] = section()
+        except (RuntimeError, ApiError, OSError, subprocess.SubprocessError) as err:
+            progress(f"pool: dispatched {key} not measured: {err}")
+            out[key] = {"error": str(err).splitlines()[0] if str(err) else repr(err)}
+    return out
+
+
+def _dispatched_met(dispatched: dict[str, Any]) -> dict[str, bool | None]:
+    """Issue 30's targets for the dispatched order, urgent wait and trickle (None: not
+    measured)."""
+    order, urgent, trickle = (dispatched.get(k) or {} for k in ("order", "urgent", "trickle"))
+    return {
+        "dispatched_max_late": (order["max_late"] <= TARGETS["dispatched_max_late"]
+                                if "max_late" in order else None),
+        "urgent_wait": (urgent["wait_s"]["max"] <= TARGETS["urgent_wait_s"]
+                        if "wait_s" in urgent else None),
+        "dispatched_latency_p99": (trickle["claimed"]["p99"]
+                                   <= TARGETS["dispatched_latency_p99"]
+                                   if "claimed" in trickle else None),
+        "dispatched_trickle_events": (trickle["events_per_job"]
+                                      + trickle.get("lease_events_per_job", 0.0)
+                                      <= TARGETS["dispatched_trickle_events_per_job"]
+                                      if "events_per_job" in trickle else None)}
 
 
 def _product() -> dict[str, str]:
     """Which joblease the workers run: the package a child process imports, and its commit.
 
     The workers inherit this process's environment (``PYTHONPATH`` included), so pointing
-    ``PYTHONPATH`` at another checkout measures that checkout with this benchmark.
+    ``PYTHONPATH`` at another checkout measures that checkout with this benchmark. Its
+    modules are compiled first (``compileall``), as a wheel install does (``bench.cli``):
+    under ``PYTHONDONTWRITEBYTECODE=1`` (this machine's shells set it) every worker would
+    otherwise compile about 100 modules at start-up, CPU no installed worker pays.
     """
     where = subprocess.run([sys.executable, "-c", "import joblease; print(joblease.__file__)"],
                            capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    compileall.compile_dir(str(Path(where).parent), quiet=1)
     commit = subprocess.run(["git", "-C", str(Path(where).parent), "rev-parse", "--short",
                              "HEAD"], capture_output=True, text=True, timeout=30).stdout.strip()
     dirty = subprocess.run(["git", "-C", str(Path(where).parent), "status", "--porcelain",
@@ -430,6 +502,15 @@ def _watch_events(cluster: Any) -> float:
                if names & set(labels.values()))
 
 
+def _lease_watch_events(cluster: Any) -> float:
+    """Watch events kube-apiserver sent for ``coordination.k8s.io`` Leases (presence records,
+    the dispatcher's record, the workers' inboxes), all watchers together: what proposing
+    costs besides the JobLease events."""
+    return sum(v for labels, v in apiserver_metric(cluster, "apiserver_watch_events_total")
+               if "coordination.k8s.io" in labels.values()
+               and {"leases", "Lease"} & set(labels.values()))
+
+
 # -- drain -------------------------------------------------------------------------------
 
 
@@ -454,6 +535,7 @@ class DispatchRun:
         self.killed_at: float | None = None  # wall time
         self._cpu = 0.0
         self.threads_cpu: dict[str, float] = {}  # its threads' CPU seconds (by thread name)
+        self.stopped = False
 
     def holder(self, worker: int) -> str:
         return f"system:serviceaccount:{self.namespace}:pool-w{worker:02d}"
@@ -464,7 +546,9 @@ class DispatchRun:
 
     def start(self, selector: str) -> None:
         self.client = LeaseClient(self.namespace, kubeconfig=self.kubeconfig)
-        self.dispatcher = Dispatcher.for_client(self.client, selector).start()
+        ahead = os.environ.get("JOBLEASE_BENCH_DISPATCH_AHEAD")  # a comparison's knob
+        options = {} if ahead is None else {"ahead": int(ahead)}
+        self.dispatcher = Dispatcher.for_client(self.client, selector, **options).start()
         self._cpu = time.process_time()
 
     def tick(self, done: float, jobs: int) -> None:
@@ -475,9 +559,19 @@ class DispatchRun:
             self.killed_at = time.time()
             progress(f"pool: dispatcher killed at ~{done:.0f} of {jobs} jobs")
 
+    def abandon(self) -> None:
+        """Kill the dispatcher and close its client unless :meth:`stop` did (a failure)."""
+        if self.stopped or self.dispatcher is None or self.client is None:
+            return
+        self.stopped = True
+        if self.killed_at is None:
+            self.dispatcher.kill()
+        self.client.api.close()
+
     def stop(self, items: list[Observed]) -> dict[str, Any]:
         process_cpu = time.process_time() - self._cpu
         assert self.dispatcher is not None and self.client is not None
+        self.stopped = True
         if self.killed_at is None:
             self.threads_cpu = dispatcher_threads_cpu()
             self.dispatcher.kill()
@@ -486,7 +580,7 @@ class DispatchRun:
         self.client.api.close()
         own = [obs.status.acquire_time.timestamp() for obs in items
                if obs.status.acquire_time is not None
-               and not (obs.status.claim_id or "").startswith(DISPATCH_CLAIM_PREFIX)]
+               and not dispatched_claim(obs.status.claim_id)]
         dispatched = len(items) - len(own)
         out: dict[str, Any] = {
             "dispatcher_cpu_s_per_job": cpu / max(1, len(items)),
@@ -500,6 +594,20 @@ class DispatchRun:
             after = [t for t in own if t >= self.killed_at]
             out["fallback_s"] = (min(after) - self.killed_at) if after else math.nan
         return out
+
+
+@contextlib.contextmanager
+def _dispatching(dispatch: DispatchRun | None, selector: str) -> Iterator[None]:
+    """Start ``dispatch`` on ``selector`` (if any) for the block; killed if the block fails
+    before :meth:`DispatchRun.stop` (its figures) was called."""
+    if dispatch is None:
+        yield
+        return
+    dispatch.start(selector)
+    try:
+        yield
+    finally:
+        dispatch.abandon()
 
 
 def dispatcher_threads_cpu() -> dict[str, float]:
@@ -530,7 +638,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     progress(f"pool: created {jobs} jobs in {time.monotonic() - t0:.1f} s (untimed)")
     selector = _selector(label)
     before = apiserver_requests(cluster)
-    events = _watch_events(cluster)
+    events, lease_events = _watch_events(cluster), _lease_watch_events(cluster)
     started = time.monotonic()
 
     printed = [started]
@@ -542,7 +650,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
             progress(f"pool: drain, {time.monotonic() - started:.0f} s: ~{done:.0f} of {jobs} "
                      "jobs done (status writes ÷ 2)")
         if dispatch is not None:
-            dispatch.tick(done / 1.5, jobs)  # 3 writes per dispatched job: claim, adopt, done
+            dispatch.tick(done, jobs)  # 2 writes per dispatched job: the worker's claim, completion
 
     holders = [f"pool-w{i:02d}" if dispatch is None else dispatch.holder(i)
                for i in range(workers)]
@@ -560,6 +668,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     cpu = _children_cpu() - cpu  # the workers, their commands and sentinels, start-up included
     after = apiserver_requests(cluster)
     events = _watch_events(cluster) - events
+    lease_events = _lease_watch_events(cluster) - lease_events
     items = [Observed.from_object(o) for o in list_leases(api, namespace)
              if (o["metadata"].get("labels") or {}) == label]
     figures = drain_figures(items, workers)
@@ -574,7 +683,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
         "jobs": jobs, "workers": workers, "exit_codes": codes, "wall_seconds": wall,
         "worker_cpu_s_per_job": cpu / jobs,
         "wasted_writes": wasted, "wasted_per_job": wasted / jobs,
-        "events_per_job": events / jobs,
+        "events_per_job": events / jobs, "lease_events_per_job": lease_events / jobs,
         "status_writes_per_job": _status_writes(after, before, None) / jobs,
         "requests_per_job": _requests_per_job(after, before, jobs)})
     if figures["completed"] != jobs:
@@ -676,30 +785,51 @@ def _steady(acquired: dict[str, float], finished: dict[str, float],
 
 
 def _claim_latency(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers: int,
-                   jobs: int, rate: float, logs: Path) -> dict[str, Any]:
-    marks = logs / "marks"
+                   jobs: int, rate: float, logs: Path,
+                   dispatch: DispatchRun | None = None) -> dict[str, Any]:
+    """The trickle: ``jobs`` at ``rate`` to idle workers; ready -> claimed, events per job.
+
+    With ``dispatch`` (issue 30) the jobs opt in, the dispatcher starts before the workers,
+    and the expiry part is left out (its leases are claimed by a holder outside the pool).
+    """
+    marks = logs / ("marks" if dispatch is None else "marks-dispatched")
     marks.mkdir(exist_ok=True)
+    label = LATENCY_LABEL if dispatch is None else {"batch": "latency-dispatched"}
+    spec = JOB_SPEC if dispatch is None else dispatch.spec(workers)
+    holders = [f"idle-w{i:02d}" if dispatch is None else dispatch.holder(i)
+               for i in range(workers)]
     watching = _watches(cluster)
-    argvs = [work_argv(kubeconfig, namespace, _selector(LATENCY_LABEL), f"idle-w{i:02d}",
-                       ["sh", "-c", MARK, str(marks)], until_empty=False)
-             for i in range(workers)]
-    with Processes(argvs, logs, "latency") as pool:
+    argvs = [work_argv(kubeconfig, namespace, _selector(label), holder,
+                       ["sh", "-c", MARK, str(marks)], until_empty=False) for holder in holders]
+    claims: dict[str, Any] | None = None
+    expired: dict[str, Any] = {}
+    with _dispatching(dispatch, _selector(label)), \
+            Processes(argvs, logs, "latency" if dispatch is None else "latency-d") as pool:
         _wait_for_watches(cluster, watching + workers, pool, timeout=60 + 5 * workers)
+        if dispatch is not None:  # how many streams a worker opens is the product's business
+            _settle_watches(cluster, pool, timeout=30)
         time.sleep(1.0)  # settled: every worker's first list, calibration and presence done
         before, events = apiserver_requests(cluster), _watch_events(cluster)
-        names = [f"paced-{i:04d}" for i in range(jobs)]
+        lease_events = _lease_watch_events(cluster)
+        names = [f"paced-{'' if dispatch is None else 'd-'}{i:04d}" for i in range(jobs)]
         # the 409s of the first and the second half apart: workers started together learn
         # each other's presence within their first seconds (warm-up lists, then every 5 s)
         middle: list[dict[tuple[str, str, str, str], float]] = []
         arrived = _paced_create(api, namespace, names, rate,
-                                at_half=lambda: middle.append(apiserver_requests(cluster)))
+                                at_half=lambda: middle.append(apiserver_requests(cluster)),
+                                spec=spec, labels=label)
         started = _wait_marks(marks, names, timeout=30 + 2 * jobs / rate)
         time.sleep(0.5)  # the completions' events
         after, events = apiserver_requests(cluster), _watch_events(cluster) - events
-        acquired = {o.name: o.status.acquire_time.timestamp()
-                    for o in map(Observed.from_object, list_leases(api, namespace))
-                    if o.name in arrived and o.status.acquire_time is not None}
-        expired = _expired_then_claimed(api, namespace, marks, max(3, jobs // 10))
+        lease_events = _lease_watch_events(cluster) - lease_events
+        items = [o for o in map(Observed.from_object, list_leases(api, namespace))
+                 if o.name in arrived]
+        acquired = {o.name: o.status.acquire_time.timestamp() for o in items
+                    if o.status.acquire_time is not None}
+        if dispatch is None:
+            expired = _expired_then_claimed(api, namespace, marks, max(3, jobs // 10))
+        else:
+            claims = dispatch.stop(items)
         codes = pool.stop(grace=30)
     samples = [started[n] - arrived[n] for n in names]
     # ready -> claimed: the claim's acquireTime (the claimer's estimate of the server's
@@ -712,15 +842,21 @@ def _claim_latency(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, 
         "wasted_per_job_halves": [_status_writes(middle[0], before, "409") / (jobs // 2),
                                   _status_writes(after, middle[0], "409") / (jobs - jobs // 2)],
         "status_writes_per_job": _status_writes(after, before, None) / jobs,
-        "events_per_job": events / jobs,
-        "after_expiry": expired, "exit_codes_after_sigterm": codes}
-    progress(f"pool: trickle of {jobs} jobs at {rate:.0f}/s to {workers} idle workers: "
+        "events_per_job": events / jobs, "lease_events_per_job": lease_events / jobs,
+        "exit_codes_after_sigterm": codes}
+    if dispatch is None:
+        out["after_expiry"] = expired
+    else:
+        out["dispatch"] = claims
+    progress(f"pool: trickle{'' if dispatch is None else ', dispatched'} of {jobs} jobs at "
+             f"{rate:.0f}/s to {workers} idle workers: "
              f"ready -> claimed p50 {out['claimed']['p50']:.3f} s, p99 "
              f"{out['claimed']['p99']:.3f} s; -> command started p50 "
              f"{out['created']['p50']:.3f} s, p99 {out['created']['p99']:.3f} s; "
              f"{out['wasted_per_job']:.2f} wasted writes per job, {events / jobs:.1f} watch "
-             f"events per job; after an expiry p50 "
-             f"{expired['s_after_lease_until']['p50']:.2f} s")
+             f"events per job" + ("" if dispatch is not None else
+                                  f"; after an expiry p50 "
+                                  f"{expired['s_after_lease_until']['p50']:.2f} s"))
     return out
 
 
@@ -740,8 +876,29 @@ def _wait_for_watches(cluster: Any, wanted: float, pool: Processes, timeout: flo
         time.sleep(0.2)
 
 
+def _settle_watches(cluster: Any, pool: Processes, timeout: float, quiet: float = 1.5) -> None:
+    """Until kube-apiserver's count of open JobLease watches has not moved for ``quiet`` s.
+
+    Why: a dispatched worker's streams (the whole pool until it sees the dispatcher, then
+    its own part of it) are the product's business and change with it; a count that stays
+    put says the workers have settled, whatever the number.
+    """
+    deadline = time.monotonic() + timeout
+    seen, since = _watches(cluster), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline or any(p.poll() is not None for p in pool.procs):
+            raise RuntimeError(f"pool: open watches still moving ({seen:.0f}) after "
+                               f"{timeout:.0f} s (workers exited: "
+                               f"{[p.returncode for p in pool.procs]})")
+        time.sleep(0.2)
+        if (now := _watches(cluster)) != seen:
+            seen, since = now, time.monotonic()
+
+
 def _paced_create(api: KubeApi, namespace: str, names: list[str], rate: float,
-                  at_half: Callable[[], None] = lambda: None) -> dict[str, float]:
+                  at_half: Callable[[], None] = lambda: None,
+                  spec: dict[str, Any] | None = None,
+                  labels: dict[str, str] | None = None) -> dict[str, float]:
     """Create one job every 1/rate s on a fixed schedule; each response's arrival time.
 
     ``at_half`` is called just before the first job of the second half is created."""
@@ -752,7 +909,7 @@ def _paced_create(api: KubeApi, namespace: str, names: list[str], rate: float,
         if i == len(names) // 2:
             at_half()
         time.sleep(max(0.0, t0 + i / rate - time.monotonic()))
-        store.create(namespace, name, JOB_SPEC, LATENCY_LABEL)
+        store.create(namespace, name, spec or JOB_SPEC, labels or LATENCY_LABEL)
         arrived[name] = time.time()
     return arrived
 
@@ -801,7 +958,7 @@ def _expired_then_claimed(api: KubeApi, namespace: str, marks: Path,
 
 
 def _order(api: KubeApi, kubeconfig: str, namespace: str, jobs: int, workers: int,
-           logs: Path) -> dict[str, Any]:
+           logs: Path, dispatch: DispatchRun | None = None) -> dict[str, Any]:
     """Jobs of random priorities created at once, drained by ``workers``: places late.
 
     All ``jobs`` exist before the first worker starts (8 threads create them, about a
@@ -809,25 +966,34 @@ def _order(api: KubeApi, kubeconfig: str, namespace: str, jobs: int, workers: in
     creation revision (the create response's ``resourceVersion``). The start order is the
     order of ``status.acquireTime`` (ms, server clock; each job is claimed once here).
     Places late = a job's place among the starts minus its place in the pool's order;
-    displaced = jobs whose place differs.
+    displaced = jobs whose place differs. With ``dispatch`` (issue 30), the jobs opt in and
+    the dispatcher starts before the workers, as in the dispatched drain.
     """
-    label = {"batch": f"order-{workers}"}
-    rng = random.Random(f"order-{workers}-{jobs}")
-    names = [f"order{workers}-{i:04d}" for i in range(jobs)]
+    kind = f"{workers}" if dispatch is None else f"d{workers}"
+    label = {"batch": f"order-{kind}"}
+    rng = random.Random(f"order-{workers}-{jobs}")  # the same priorities in both modes
+    names = [f"order{kind}-{i:04d}" for i in range(jobs)]
     priority = {n: rng.randrange(ORDER_PRIORITIES) for n in names}
+    spec = JOB_SPEC if dispatch is None else dispatch.spec(workers)
     store = LeaseStore(api)
     t0 = time.monotonic()
     with ThreadPoolExecutor(8) as threads:
         created = dict(zip(names, threads.map(
-            lambda n: store.create(namespace, n, {**JOB_SPEC, "priority": priority[n]}, label),
+            lambda n: store.create(namespace, n, {**spec, "priority": priority[n]}, label),
             names), strict=True))
     span = time.monotonic() - t0
-    argvs = [work_argv(kubeconfig, namespace, _selector(label), f"order{workers}-w{i:02d}",
-                       NOOP, until_empty=True) for i in range(workers)]
-    with Processes(argvs, logs, f"order{workers}") as pool:
+    holders = [f"order{workers}-w{i:02d}" if dispatch is None else dispatch.holder(i)
+               for i in range(workers)]
+    argvs = [work_argv(kubeconfig, namespace, _selector(label), holder, NOOP, until_empty=True)
+             for holder in holders]
+    began = time.monotonic()
+    with _dispatching(dispatch, _selector(label)), \
+            Processes(argvs, logs, f"order{kind}") as pool:
         codes = pool.wait(120 + jobs * 1.0)
-    items = {o.name: o for o in map(Observed.from_object, list_leases(api, namespace))
-             if o.name in created}
+        items = {o.name: o for o in map(Observed.from_object, list_leases(api, namespace))
+                 if o.name in created}
+        claims = None if dispatch is None else dispatch.stop(list(items.values()))
+    took = time.monotonic() - began
     done = [o for o in items.values() if o.status.acquire_time is not None
             and o.status.phase is Phase.COMPLETED]
     if len(done) != jobs:
@@ -838,19 +1004,128 @@ def _order(api: KubeApi, kubeconfig: str, namespace: str, jobs: int, workers: in
         return (-priority[name], obs.created.timestamp() if obs.created else 0.0,
                 int(obs.resource_version), name)
 
-    ideal = {n: i for i, n in enumerate(sorted(names, key=pool_key))}
-    starts = sorted(done, key=lambda o: (o.status.acquire_time, ideal[o.name]))
-    late = [place - ideal[o.name] for place, o in enumerate(starts)]
+    late = places_late(sorted(names, key=pool_key),
+                       [(o.status.acquire_time.timestamp(), o.name)  # type: ignore[union-attr]
+                        for o in done])
     positive = [max(0, x) for x in late]
     out: dict[str, Any] = {
         "jobs": jobs, "workers": workers, "create_seconds": span,
         "displaced": sum(1 for x in late if x != 0),
         "late": summary([float(x) for x in positive]), "max_late": max(late),
-        "max_early": -min(late), "exit_codes": codes}
-    progress(f"pool: order, {jobs} jobs of {ORDER_PRIORITIES} priorities created in "
-             f"{span:.1f} s, {workers} worker(s): {out['displaced']} displaced, at most "
-             f"{out['max_late']} places late (p99 {out['late']['p99']:.0f})")
+        "max_early": -min(late), "exit_codes": codes, "seconds": took}
+    if claims is not None:
+        out["dispatch"] = claims
+    progress(f"pool: order{'' if dispatch is None else ', dispatched'}, {jobs} jobs of "
+             f"{ORDER_PRIORITIES} priorities created in {span:.1f} s, {workers} worker(s): "
+             f"{out['displaced']} displaced, at most {out['max_late']} places late (p99 "
+             f"{out['late']['p99']:.0f}); {took:.1f} s")
     return out
+
+
+# -- an urgent job, dispatched -----------------------------------------------------------
+
+URGENT_BODY = ("sleep", "1")
+URGENT_PRIORITY = 9  # above every filler job (priority 0)
+
+
+def _urgent(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers: int,
+            rounds: int, logs: Path) -> dict[str, Any]:
+    """An urgent job created while every dispatched worker is busy: its wait after one frees.
+
+    W dispatched workers run filler jobs of priority 0 whose command is ``sleep 1``, enough
+    for the whole section (W × (3 + 2 × rounds)). Then ``rounds`` times, at a random instant
+    of the bodies' cycle, one job of a higher priority than all queued is created and read
+    until it is claimed. The figures come from the server's records afterwards
+    (:func:`bench.pool_figures.urgent_wait`), each round saying whether every slot was busy
+    when the job was created. The dispatcher is killed before the workers get SIGTERM; the
+    filler left over stays queued under its own label (no other section selects it).
+    """
+    dispatch = DispatchRun(kubeconfig, namespace, kill_halfway=False)
+    label = {"batch": "urgent"}
+    selector = _selector(label)
+    spec = dispatch.spec(workers)
+    filler = [f"urgent-fill-{i:04d}" for i in range(workers * (3 + 2 * rounds))]
+    rng = random.Random(f"urgent-{workers}-{rounds}")
+    store = LeaseStore(api)
+    watching = _watches(cluster)
+    argvs = [work_argv(kubeconfig, namespace, selector, dispatch.holder(i), URGENT_BODY,
+                       until_empty=False) for i in range(workers)]
+    began = time.monotonic()
+    sent: dict[str, float] = {}
+    with _dispatching(dispatch, selector), Processes(argvs, logs, "urgent") as pool:
+        _wait_for_watches(cluster, watching + workers, pool, timeout=60 + 5 * workers)
+        _settle_watches(cluster, pool, timeout=30)
+        _create(api, namespace, filler, label, spec)
+        _wait_all_busy(api, namespace, selector, workers, pool, timeout=30)
+        for r in range(rounds):
+            time.sleep(rng.uniform(0.3, 1.3))  # a random instant of the 1 s bodies' cycle
+            name = f"urgent-{r}"
+            sent[name] = time.time()
+            store.create(namespace, name, {**spec, "priority": URGENT_PRIORITY}, label)
+            _wait_claimed(store, namespace, name, timeout=30)
+        items = [o for o in _list_selected(api, namespace, selector)
+                 if o.status.acquire_time is not None]
+        claims = dispatch.stop(items)
+        codes = pool.stop(grace=15)
+    spans = {o.name: _span(o) for o in items}
+    rounds_ = [{"job": name, **urgent_wait(t, spans[name].acquired, URGENT_PRIORITY,
+                                           [v for k, v in spans.items() if k != name],
+                                           workers)}
+               for name, t in sent.items()]
+    waits = [float(r["wait_s"]) for r in rounds_]
+    by_dispatcher = sum(1 for o in items if o.name in sent
+                        and dispatched_claim(o.status.claim_id))
+    out: dict[str, Any] = {
+        "rounds": rounds, "workers": workers, "body": " ".join(URGENT_BODY),
+        "filler": len(filler), "wait_s": summary(waits), "samples": rounds_,
+        "all_busy_rounds": sum(1 for r in rounds_ if not r["slot_free"]),
+        "lower_claimed_between": sum(int(r["lower_claimed_between"]) for r in rounds_),
+        "claimed_by_dispatcher": by_dispatcher, "dispatch": claims,
+        "seconds": time.monotonic() - began, "exit_codes_after_sigterm": codes}
+    progress(f"pool: urgent job, dispatched, {rounds} rounds with {workers} busy workers "
+             f"(`{out['body']}`): claimed p50 {out['wait_s']['p50']:.3f} s, max "
+             f"{out['wait_s']['max']:.3f} s after a worker freed; every slot busy in "
+             f"{out['all_busy_rounds']} of {rounds}; {out['seconds']:.1f} s")
+    return out
+
+
+def _span(obs: Observed) -> Span:
+    assert obs.status.acquire_time is not None  # only claimed jobs are spans
+    completion = obs.status.completion
+    return Span(obs.status.acquire_time.timestamp(),
+                completion.time.timestamp() if completion is not None else None,
+                obs.spec.priority)
+
+
+def _list_selected(api: KubeApi, namespace: str, selector: str) -> list[Observed]:
+    """The JobLeases of one label selector (a few hundred here: one page)."""
+    body = api.request("GET", lease_path(namespace), query={"labelSelector": selector},
+                       timeout=60).body
+    return [Observed.from_object(o) for o in body.get("items", [])]
+
+
+def _wait_all_busy(api: KubeApi, namespace: str, selector: str, workers: int,
+                   pool: Processes, timeout: float) -> None:
+    """Until every worker holds a job of ``selector`` (raise at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        holders = {o.status.holder for o in _list_selected(api, namespace, selector)
+                   if o.status.phase is Phase.HELD}
+        if len(holders) >= workers:
+            return
+        if time.monotonic() > deadline or any(p.poll() is not None for p in pool.procs):
+            raise RuntimeError(f"pool: {len(holders)} of {workers} workers busy after "
+                               f"{timeout:.0f} s (exited: {[p.returncode for p in pool.procs]})")
+        time.sleep(0.2)
+
+
+def _wait_claimed(store: LeaseStore, namespace: str, name: str, timeout: float) -> None:
+    """Until ``name`` has been claimed (read every 50 ms; raise at ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while store.get(namespace, name).status.acquire_time is None:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"pool: urgent job {name} not claimed in {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         api = KubeApi.from_kubeconfig(kubeconfig)
         namespace = "bench-pool"
         create_namespace(api, namespace)
+        pool._product()  # compiles the product's modules, as an install would
         empty = pool.work_argv(kubeconfig, namespace, "batch=nothing", "nobody", ["true"],
                                until_empty=True)
         startup = pool.spawn_cost(empty, 2)

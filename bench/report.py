@@ -353,6 +353,7 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
         (f"pool: holder gone, lease expired → a worker's command starts, s after leaseUntil, "
          f"p50 / max (n={expiry['n']})", f"{_s(expiry['p50'])} / {_s(expiry['max'])}",
          "the margin (0.25 s + clock error) is part of it", "", "info", "n/a")]
+    rows += _dispatched_rows(pool)
     label = (f"PostgreSQL `FOR UPDATE SKIP LOCKED` queue: {jobs} jobs, {workers} processes, "
              "same command")
     if "jobs_per_s" not in pg:
@@ -361,6 +362,76 @@ def _pool_rows(pool: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]
                     f"joblease pool {_rate(d['jobs_per_s'])} jobs/s",
                     f"{pool['versus_postgres']:.2f}× (joblease ÷ PostgreSQL)",
                     "info: the price of being Kubernetes-native", "n/a")]
+
+
+Row = tuple[str, str, str, str, str, str]
+
+
+def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
+    """Rows of issue 30's dispatched order, urgent wait and trickle (``pool.dispatched``)."""
+    d = pool.get("dispatched") or {}
+    t, met = pool["targets"], pool["met"]
+    rows: list[Row] = []
+    order, urgent, trickle = d.get("order"), d.get("urgent"), d.get("trickle")
+    if order is not None:
+        label = (f"pool, dispatched: order, {pool['workers']} workers, "
+                 f"{pool.get('order', {}).get('many', {}).get('jobs', '?')} jobs of random "
+                 "priorities created at once: places late, max / p99")
+        rows.append(_not_measured(label, order) if "error" in order else _order_row(
+            label, order, pool.get("order", {}).get("many"), t, met))
+    if urgent is not None:
+        label = ("pool, dispatched: an urgent job (a priority above all queued) created while "
+                 "every worker runs `{}`: claimed after a worker frees, p50 / max s "
+                 "(n={})".format(urgent.get("body", "?"), urgent.get("rounds", "?")))
+        rows.append(_not_measured(label, urgent) if "error" in urgent else (
+            label, f"{_s3(urgent['wait_s']['p50'])} / {_s3(urgent['wait_s']['max'])}",
+            f"every slot busy at its creation in {urgent['all_busy_rounds']} of "
+            f"{urgent['rounds']} rounds; lower jobs claimed between the freeing and its "
+            f"claim: {urgent['lower_claimed_between']}", "",
+            f"≤ {t['urgent_wait_s']} s (every round)", _ok(met.get("urgent_wait"))))
+    if trickle is not None:
+        rows += _dispatched_trickle_rows(trickle, pool.get("latency", {}), t, met)
+    return rows
+
+
+def _order_row(label: str, order: dict[str, Any], turns: dict[str, Any] | None,
+               t: dict[str, Any], met: dict[str, Any]) -> Row:
+    claims = order.get("dispatch", {})
+    return (label, f"{order['max_late']} / {order['late']['p99']:.0f}",
+            f"mean {order['late']['mean']:.1f}; {order['displaced']} displaced"
+            + (f"; by turns {turns['max_late']} / {turns['late']['p99']:.0f}"
+               if turns else "")
+            + (f"; claimed by the dispatcher {claims['claimed_by_dispatcher']}, by turns "
+               f"{claims['claimed_by_workers']}" if claims else ""), "",
+            f"max ≤ {t['dispatched_max_late']}", _ok(met.get("dispatched_max_late")))
+
+
+def _dispatched_trickle_rows(trickle: dict[str, Any], turns: dict[str, Any],
+                             t: dict[str, Any], met: dict[str, Any]) -> list[Row]:
+    label = ("pool, dispatched: trickle, {} jobs at {}/s to {} idle workers: ready → claimed "
+             "(`acquireTime`), p50 / p99 s".format(trickle.get("jobs", "?"),
+                                                   f"{trickle.get('rate', math.nan):.0f}",
+                                                   trickle.get("workers", "?")))
+    if "error" in trickle:
+        return [_not_measured(label, trickle)]
+    claimed, created = trickle["claimed"], trickle["created"]
+    by_turns = turns.get("claimed", {}).get("p99", math.nan)
+    return [
+        (label, f"{_s3(claimed['p50'])} / {_s3(claimed['p99'])}",
+         f"→ command started {_s3(created['p50'])} / {_s3(created['p99'])}; by turns p99 "
+         f"{_s3(by_turns)}", "", f"p99 ≤ {t['dispatched_latency_p99']} s",
+         _ok(met.get("dispatched_latency_p99"))),
+        ("pool, dispatched: trickle, watch events sent per job (all watchers): JobLeases + "
+         "coordination Leases (inboxes, presence, the dispatcher's record)",
+         f"{trickle['events_per_job']:.1f} + {trickle.get('lease_events_per_job', 0.0):.1f}",
+         f"by turns {turns.get('events_per_job', math.nan):.1f} (JobLeases); "
+         f"{trickle['status_writes_per_job']:.2f} status writes and "
+         f"{trickle['wasted_per_job']:.2f} refused per job", "",
+         f"≤ {t['dispatched_trickle_events_per_job']}", _ok(met.get("dispatched_trickle_events")))]
+
+
+def _not_measured(label: str, section: dict[str, Any]) -> Row:
+    return (label, f"not measured: {section['error']}", "", "", "see the log", "n/a")
 
 
 def plot(r: dict[str, Any], path: Path) -> Path | None:

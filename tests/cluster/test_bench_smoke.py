@@ -108,3 +108,24 @@ def test_bench_quick_pool_runs(tmp_path: Path) -> None:
     assert pool["postgres"].get("jobs_per_s", 0) > 0, pool["postgres"]
     assert "| pool: drain" in proc.stdout and "`FOR UPDATE SKIP LOCKED`" in proc.stdout
     assert "| pool: order, one worker" in proc.stdout
+    _dispatched_sections_ran(pool, proc.stdout)
+
+
+def _dispatched_sections_ran(pool: dict[str, Any], table: str) -> None:
+    """Issue 30's dispatched order, urgent job and trickle measured something, each."""
+    dispatched, workers = pool["dispatched"], pool["workers"]
+    for key in ("order", "urgent", "trickle"):
+        assert "error" not in dispatched[key], dispatched[key]
+    order, urgent, trickle = dispatched["order"], dispatched["urgent"], dispatched["trickle"]
+    assert order["late"]["n"] == order["jobs"] and order["exit_codes"] == [0] * workers
+    claims = order["dispatch"]
+    assert claims["claimed_by_dispatcher"] + claims["claimed_by_workers"] == order["jobs"]
+    assert claims["claimed_by_dispatcher"] > 0, claims
+    # every urgent job was claimed, each round read from the server's records
+    assert urgent["wait_s"]["n"] == urgent["rounds"] == len(urgent["samples"]) > 0
+    assert all(s["busy"] <= workers for s in urgent["samples"]), urgent["samples"]
+    assert trickle["claimed"]["n"] == trickle["jobs"] and trickle["events_per_job"] > 0
+    assert trickle["exit_codes_after_sigterm"] == [0] * workers
+    for row in ("| pool, dispatched: order", "| pool, dispatched: an urgent job",
+                "| pool, dispatched: trickle"):
+        assert row in table, row

@@ -1,6 +1,8 @@
-"""A pool dispatcher on the real API server (issue 30, items 1-3): it claims for workers,
-they adopt and complete; killed, workers take turns; a dead assignee's job goes to another
-worker without an attempt counted.
+"""A pool dispatcher on the real API server (issue 30, items 1-3): it proposes jobs in
+workers' inboxes and they claim them themselves (a worker of an earlier version, which
+reads no inbox, is claimed for and adopts); killed, workers take turns; a dead worker's
+proposal goes to another worker with nothing written on the job, and a dead assignee's
+claim with no attempt counted.
 
 Each test runs with the thread pool and the asyncio pool (``open_pool`` from
 ``test_pool``). The dispatcher's record lives 2 s here (``record_seconds``) and the
@@ -17,9 +19,15 @@ import pytest
 from test_pool import create, delivering, open_pool, synced_pool  # noqa: F401  (fixture)
 
 from joblease.core.dispatcher import Dispatcher
-from joblease.core.presence import Presence
+from joblease.core.presence import INBOX_ANNOTATION, PATH, Presence
 from joblease.core.steps import SyncPort, drive
-from joblease.domain.lease import DISPATCH_CLAIM_PREFIX, Phase
+from joblease.domain.lease import (
+    DISPATCH_CLAIM_PREFIX,
+    PROPOSED_CLAIM_PREFIX,
+    Phase,
+    dispatched_claim,
+)
+from joblease.kube.api import MERGE_PATCH
 from joblease.kube.errors import InvalidError
 from joblease.sdk.client import LeaseClient
 from support.waiting import wait_for
@@ -59,7 +67,7 @@ def dispatched(pool: Any) -> bool:
     return bool(pool.engine.dispatched(pool.engine.clock.server_now()))
 
 
-def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complete(
+def test_a_dispatcher_proposes_in_priority_order_and_workers_claim_and_complete(
         open_pool: Callable[..., Any], leases: LeaseClient,
         dispatchers: Callable[..., Dispatcher]) -> None:
     w1 = worker(leases)
@@ -73,7 +81,7 @@ def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complet
     for _ in range(4):
         lease = pool.claim_next(w1, timeout=10)
         assert lease is not None
-        assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # the dispatcher's claim
+        assert lease.claim_id.startswith(PROPOSED_CLAIM_PREFIX)  # its own, on a proposal
         order.append(lease.name)
         lease.complete("done")
     assert order[:2] == ["job-1", "job-3"] and sorted(order[2:]) == ["job-0", "job-2"]
@@ -82,7 +90,9 @@ def test_a_dispatcher_claims_in_priority_order_for_workers_who_adopt_and_complet
         assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 1, 0)
         assert status.completion is not None and status.completion.holder == w1
     assert pool.conflicts == 0
-    assert dispatcher.counts.assigned == 4 and dispatcher.counts.refused == 0
+    # proposed, never claimed for: the job's only writes are the worker's claim and completion
+    assert dispatcher.counts.proposed >= 4 and dispatcher.counts.assigned == 0
+    assert dispatcher.counts.inbox_writes >= 1 and dispatcher.counts.refused == 0
     create(leases, "not-opted-in")  # never claimed for anyone: the worker takes it itself
     own = pool.claim_next(w1, timeout=10)
     assert own is not None and own.name == "not-opted-in"
@@ -100,23 +110,57 @@ def test_with_the_dispatcher_killed_workers_take_turns_and_return_when_it_is_bac
     first.kill()  # its record is left to lapse, as a crash leaves it
     create(leases, "alone", dispatch=OPT_IN)
     lease = pool.claim_next(w1, timeout=RECORD_SECONDS + 8)  # turns once the record lapsed
-    assert lease is not None and not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+    assert lease is not None and not dispatched_claim(lease.claim_id)
     lease.complete("by turns")
-    dispatchers()  # a new replica takes the lapsed record over
+    second = dispatchers()  # a new replica takes the lapsed record over
     wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher back")
     create(leases, "dispatched-again", dispatch=OPT_IN)
-    again = pool.claim_next(w1, timeout=10)
-    assert again is not None and again.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+    again = pool.claim_next(w1, timeout=10)  # dispatched: an opted-in job only by proposal
+    assert again is not None and again.claim_id.startswith(PROPOSED_CLAIM_PREFIX)
+    assert second.counts.proposed == 1
 
 
-def test_a_dead_assignees_job_goes_to_another_worker_without_an_attempt_counted(
+def test_a_dead_workers_proposal_goes_to_another_worker_with_nothing_written_on_the_job(
         open_pool: Callable[..., Any], leases: LeaseClient,
         make_client: Callable[..., LeaseClient],
         dispatchers: Callable[..., Dispatcher]) -> None:
-    pool = open_pool(slots=1)  # listed and watching, not yet announced: no worker yet
+    w1 = worker(leases)
+    pool = open_pool(slots=1)
+    announced(pool, w1)
+    dispatcher = dispatchers(record_seconds=10)  # w1 stays dispatched: no job by turns
+    wait_for(lambda: dispatched(pool), 10, "w1 to see the dispatcher")
+    ghost_sa = f"system:serviceaccount:{leases.namespace}:ghost"
+    # one renewal, then it dies; its name ranks before w1's, so it is proposed the job
+    ghost = Presence(leases.namespace, "pool=p", ghost_sa, seconds=6, slots=1)
+    drive(ghost._renew_steps(), SyncPort(make_client().store))
+    wait_for(lambda: ghost_sa in dispatcher._readers, 10, "the dispatcher to list the ghost")
+    create(leases, "job", maxAttempts=1, backoff={"initialSeconds": 60},
+           dispatch={"enabled": True, "serviceAccountNames": ["ghost", "w1"]})
+    wait_for(lambda: "job" in dispatcher.proposed.get(ghost_sa, {}), 20,
+             "the job to be proposed to the ghost")
+    lease = pool.claim_next(w1, timeout=20)
+    assert lease is not None and lease.name == "job"
+    lease.complete("ran once")
+    status = leases.get("job").status
+    # generation 1: the ghost wrote nothing on the job, so nothing is left to un-count
+    assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 1, 0)
+    assert dispatcher.counts.taken_back >= 1 and dispatcher.counts.assigned == 0
+
+
+def test_a_dead_assignee_of_an_earlier_version_loses_its_claim_without_an_attempt_counted(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        make_client: Callable[..., LeaseClient],
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    """A worker that announces slots but reads no inbox (an earlier version) is claimed for,
+    and adopts; dead before adopting, its claim is taken back with no attempt counted."""
+    pool = open_pool(slots=1)
     ghost_sa = f"system:serviceaccount:{leases.namespace}:ghost"
     ghost = Presence(leases.namespace, "pool=p", ghost_sa, seconds=RECORD_SECONDS, slots=1)
-    drive(ghost._renew_steps(), SyncPort(make_client().store))  # one renewal, then it dies
+    store = make_client().store
+    drive(ghost._renew_steps(), SyncPort(store))  # one renewal, then it dies
+    store.api.request("PATCH", f"{PATH.format(namespace=leases.namespace)}/{ghost.name}",
+                      {"metadata": {"annotations": {INBOX_ANNOTATION: None}}},
+                      content_type=MERGE_PATCH)  # as an earlier version announced it
     create(leases, "job", maxAttempts=1, backoff={"initialSeconds": 60},
            dispatch={"enabled": True, "serviceAccountNames": ["ghost", "w1"]})
     dispatcher = dispatchers()
@@ -147,7 +191,8 @@ def test_the_operator_dispatches_the_pools_it_is_told_to(
     wait_for(lambda: dispatched(pool), 30, "the worker to see the operator's dispatcher")
     create(leases, "job", dispatch=OPT_IN)
     lease = pool.claim_next(w1, timeout=10)
-    assert lease is not None and lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+    assert lease is not None and not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
+    assert pool.engine.inbox_feed is not None and pool.engine.inbox_feed.events >= 1
     lease.complete("done")
     pool.close()
 

@@ -29,9 +29,11 @@ from kwok_support import (
 )
 
 from joblease.core.dispatcher import Dispatcher
-from joblease.core.presence import PATH, Presence, micro_time, record_name
+from joblease.core.inbox import write_inbox_steps
+from joblease.core.presence import PATH, Presence, micro_time, pool_key, record_name
 from joblease.core.steps import Call, Steps, SyncPort, drive
 from joblease.domain.clock import ServerNow
+from joblease.domain.dispatch import Proposal
 from joblease.domain.holder import ClaimDecider
 from joblease.domain.lease import (
     DISPATCH_CLAIM_PREFIX,
@@ -161,9 +163,26 @@ def test_the_dispatcher_claims_only_opted_in_jobs_for_the_service_accounts_they_
         claim_for(who["bob"], "open", "bob")  # a worker passing its claim off as assigned
     assert dispatcher.get("open").status.generation == 0
     claim_for(dispatcher, "open", w1)  # opted in, named: accepted
-    assert dispatcher.get("open").status.holder == w1
+    opened = dispatcher.get("open").status
+    assert opened.holder == w1
+    claim = Claim(w1, opened.token(), opened.claim_id)
+    transact(who["w1"].store, kns, "open",  # w1 adopts it (a worker of an earlier version)
+             lambda obs, now: decide_renew(obs, claim, now, margin))
 
-    # end to end under the real identities: the dispatcher assigns, w1 adopts and completes
+    def unadopt(obs: Observed, now: ServerNow) -> Transition:
+        renewed = decide_renew(obs, claim, now, margin)
+        return replace(renewed, status=replace(renewed.status,
+                                               renew_time=obs.status.acquire_time))
+
+    with pytest.raises(ForbiddenError, match="may not be made equal again"):
+        transact(who["w1"].store, kns, "open", unadopt)  # hiding its attempt
+
+    # a worker may not write an inbox (its own included): only the operator proposes
+    forged = write_inbox_steps(kns, pool_key(POOL), w1, w1, [Proposal("closed", "1")])
+    with pytest.raises(ForbiddenError, match="only the joblease operator writes"):
+        drive(forged, SyncPort(who["w1"].store))
+
+    # end to end under the real identities: the dispatcher proposes, w1 claims and completes
     running = Dispatcher.for_client(dispatcher, POOL, record_seconds=3).start()
     try:
         with who["w1"].pool(POOL, slots=1) as pool:
@@ -178,22 +197,15 @@ def test_the_dispatcher_claims_only_opted_in_jobs_for_the_service_accounts_they_
             lease = pool.claim_next(w1, timeout=20)
             assert lease is not None and lease.name == "assigned"
             assert lease.claim_id is not None
-            assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)
-            claim = Claim(w1, lease.token, lease.claim_id)
-
-            def unadopt(obs: Observed, now: ServerNow) -> Transition:
-                renewed = decide_renew(obs, claim, now, margin)
-                return replace(renewed, status=replace(
-                    renewed.status, renew_time=obs.status.acquire_time))
-
-            with pytest.raises(ForbiddenError, match="may not be made equal again"):
-                transact(who["w1"].store, kns, "assigned", unadopt)  # hiding its attempt
+            assert not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # w1's own claim
             lease.complete("done")
     finally:
         running.kill()
     status = dispatcher.get("assigned").status
-    assert (status.phase, status.holder, status.attempts) == (Phase.COMPLETED, w1, 0)
-    assert running.counts.assigned == 1 and running.counts.refused == 0
+    assert (status.phase, status.holder, status.generation, status.attempts) == (
+        Phase.COMPLETED, w1, 1, 0)
+    assert running.counts.proposed == 1 and running.counts.assigned == 0
+    assert running.counts.inbox_writes >= 1
 
 
 def job(cluster: LocalCluster, namespace: str, name: str, spec: dict[str, Any],

@@ -531,13 +531,15 @@ def _figures(ops: list[Op], final: dict[str, dict[str, Any]], seconds: float
 
 def _dispatch_figures(ops: list[Op], dispatcher: RecordedDispatcher,
                       kills: dict[str, int]) -> dict[str, Any]:
-    """The dispatcher's claims; the fallback: its kill → the first claim a worker made
-    itself (a worker's own claims all go through ``LeaseClient.claim``; adoptions do not);
-    a killed assignee: its kill → the claim that took its never-adopted job back."""
+    """The jobs the dispatcher gave out (claims on its proposals, recorded ``proposed``, and
+    any it claimed for a worker); the fallback: its kill → the first claim a worker made by
+    turns; a killed assignee (a worker of an earlier version, claimed for): its kill → the
+    claim that took its never-adopted job back."""
     ok = [o for o in ops if o.op == "claim" and o.ok]
-    by_dispatcher = [o for o in ok if o.process == "dispatcher"]
+    by_dispatcher = [o for o in ok if o.process == "dispatcher" or o.args.get("proposed")]
     killed = dispatcher.killed_ns
     own_after = sorted(o.call_ns for o in ok if o.process != "dispatcher"
+                       and not o.args.get("proposed")
                        and killed is not None and o.call_ns >= killed)
     fallback = (own_after[0] - killed) / 1e9 if own_after and killed is not None else None
     by_job: dict[str, list[Op]] = defaultdict(list)

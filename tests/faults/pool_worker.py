@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from joblease.domain.errors import LeaseFinishedError, LeaseNotReadyError
+from joblease.domain.lease import dispatched_claim
 from joblease.kube.api import ConflictError
 from joblease.sdk.client import Lease, LeaseClient
 
@@ -57,7 +58,9 @@ def install(rec: Recorder) -> None:
 
     @functools.wraps(original_claim)
     def claim(self: LeaseClient, name: str, holder: str | None = None, **kwargs: Any) -> Lease:
-        op = rec.invoke("claim", name, holder=self.resolve_holder(holder))
+        proposed = dispatched_claim(kwargs.get("claim_id"))  # made on a dispatcher's proposal
+        op = rec.invoke("claim", name, holder=self.resolve_holder(holder),
+                        **({"proposed": True} if proposed else {}))
         try:
             lease = original_claim(self, name, holder, **kwargs)
         except LeaseNotReadyError as err:

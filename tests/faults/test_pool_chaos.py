@@ -49,10 +49,10 @@ def test_pool_chaos_small_batch(fault_env: FaultEnv) -> None:
 def test_pool_chaos_with_the_dispatcher_killed_mid_drain(fault_env: FaultEnv) -> None:
     """Issue 30's done-when: the dispatcher killed mid-drain (its record left to lapse, 10 s),
     with workers killed and paused as above: the workers fall back to turns within 15 s,
-    every job ends once, no attempts overlap (both checkers, which count a dispatcher's
-    claim as a window of its holder only from its adoption), a killed assignee's
-    never-adopted job is taken back without a backoff; the history holds the dispatcher's
-    claims too. About 45 s on two loaded CPUs."""
+    every job ends once, no attempts overlap (both checkers); the jobs given out before the
+    kill are the workers' claims on its proposals (recorded ``proposed``; a dispatcher's
+    claim for a worker of an earlier version would be in the history too, counted as a
+    window of its holder only from its adoption). About 45 s on two loaded CPUs."""
     seed = _seed()
     print(f"seed={seed}")
     plan = ChaosPlan(jobs=24, workers=3, concurrency=2, chaos_seconds=10, timeout=90,

@@ -119,9 +119,11 @@ class FakeKubeApi:
         parts = path.strip("/").split("/")
         namespace = parts[4]
         if method == "GET" and len(parts) == 6:
-            label, _, value = ((query or {}).get("labelSelector") or "").partition("=")
-            items = [obj for (ns, _), obj in self.presence.items() if ns == namespace
-                     and (not label or obj["metadata"].get("labels", {}).get(label) == value)]
+            selector = (query or {}).get("labelSelector") or ""
+            name = ((query or {}).get("fieldSelector") or "").removeprefix("metadata.name=")
+            items = [obj for (ns, n), obj in self.presence.items() if ns == namespace
+                     and _labels_match(selector, obj["metadata"].get("labels") or {})
+                     and (not name or n == name)]
             return {"items": items, "metadata": {"resourceVersion": self.next_revision()}}
         if method == "POST":
             name = body["metadata"]["name"]
@@ -200,14 +202,17 @@ class FakeKubeApi:
                         for k, v in wanted.items())]
 
     def _list(self, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
-        """A page of JobLeases: ``key=value`` label terms, ``status.phase=`` only, ``limit``.
+        """A page of JobLeases: ``key=value`` label terms, ``status.phase=`` or
+        ``metadata.name=`` as field selector, ``limit``.
 
         The ``continue`` token is the offset of the next page in name order.
         """
         labels = dict(t.split("=", 1) for t in query.get("labelSelector", "").split(",") if t)
-        phase = query.get("fieldSelector", "").removeprefix("status.phase=") or None
-        matching = [obj for (ns, _), obj in sorted(self.objects.items())
-                    if namespace in (None, ns)
+        fields = query.get("fieldSelector", "")
+        name = fields.removeprefix("metadata.name=") if fields.startswith("metadata.") else None
+        phase = None if name is not None else fields.removeprefix("status.phase=") or None
+        matching = [obj for (ns, n), obj in sorted(self.objects.items())
+                    if namespace in (None, ns) and name in (None, n)
                     and all(obj["metadata"].get("labels", {}).get(k) == v
                             for k, v in labels.items())
                     and (phase is None or obj.get("status", {}).get("phase") == phase)]
@@ -286,3 +291,17 @@ class AsyncFakeKubeApi:
 
     async def close(self) -> None:
         pass
+
+
+def _labels_match(selector: str, labels: dict[str, str]) -> bool:
+    """Whether ``labels`` match a selector of ``key=value`` and ``key!=value`` terms."""
+    for term in filter(None, selector.split(",")):
+        if "!=" in term:
+            key, _, value = term.partition("!=")
+            if labels.get(key) == value:
+                return False
+        else:
+            key, _, value = term.partition("=")
+            if labels.get(key) != value:
+                return False
+    return True

@@ -416,7 +416,8 @@ def test_a_started_dispatcher_leads_assigns_and_on_close_deletes_its_record() ->
     api._monotonic += 2.0  # the renewal period (and the list's) passed on its clock
     assert until(lambda: rounds()[0] > renewed and rounds()[1] > listed)  # renews, lists again
     assert sorted(t.name for t in made._threads) == [
-        f"joblease-dispatch-feed[{SELECTOR}]", f"joblease-dispatcher[{SELECTOR}]"]
+        f"joblease-dispatch-feed[{SELECTOR}]", f"joblease-dispatch-record[{SELECTOR}]",
+        f"joblease-dispatcher[{SELECTOR}]"]
     made.close()
     assert KEY not in api.presence  # workers take turns again at their next list
     assert made.feed.stopped.is_set()  # type: ignore[attr-defined]

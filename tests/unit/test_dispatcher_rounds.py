@@ -90,12 +90,12 @@ def test_at_most_in_flight_claims_at_once_and_each_round_counted() -> None:
     dispatcher._dispatch()
     assert [name for name, _ in held.submitted] == ["a", "b"]
     assert dispatcher.counts.rounds == 1
-    dispatcher._dispatch()  # no room: the round stops before planning
-    assert len(held.submitted) == 2 and dispatcher.counts.rounds == 1
+    dispatcher._dispatch()  # no room for a claim: the round writes none
+    assert len(held.submitted) == 2 and dispatcher.counts.rounds == 2
     dispatcher._flying.pop("a")
     dispatcher._dispatch()  # room for one
     assert [name for name, _ in held.submitted] == ["a", "b", "a"]
-    assert dispatcher.counts.rounds == 2
+    assert dispatcher.counts.rounds == 3
 
 
 def test_a_claim_in_flight_keeps_its_workers_slot_busy() -> None:

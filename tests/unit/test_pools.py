@@ -37,14 +37,14 @@ from joblease.core.pool_engine import MIN_WAIT
 from joblease.core.presence import Presence
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.clock import ServerClock
-from joblease.domain.errors import PoolClosedError
+from joblease.domain.errors import PoolClosedError, format_time
 from joblease.domain.pool import PoolView as CacheView
 from joblease.kube.api import ForbiddenError, UnavailableError
 from joblease.kube.leases import LeaseStore
 from joblease.sdk.client import DEFAULT_MARGIN, LeaseClient
 from joblease.sdk.pool import Pool
 from support.clients import KINDS, LOOP, Client, LeaseView, client_over, fake_sleep
-from support.fakekube import FakeKubeApi
+from support.fakekube import FakeKubeApi, lease_object
 from support.pools import (
     RealTimeApi,
     ScriptedFeed,
@@ -860,3 +860,89 @@ def test_the_thread_pool_runs_only_named_daemon_threads(
             "joblease-presence[team=batch]"} <= names, names
     assert all(t.daemon for t in started_here if t.name.startswith("joblease-")), \
         [(t.name, t.daemon) for t in started_here]
+
+
+def pool_job(api: FakeKubeApi, name: str, status: dict[str, Any],
+             labels: dict[str, str] | None = None) -> None:
+    """A job of the pool (``team=batch``; other ``labels``: of another pool), opted in."""
+    obj = lease_object(name, status, dispatch={"enabled": True, "serviceAccountNames": ["w"]})
+    obj["metadata"]["labels"] = {"team": "batch"} if labels is None else labels
+    api.put_object(obj)
+
+
+def proposed(pool: Any, *names: str) -> None:
+    """The worker's inbox now proposes ``names`` (as its inbox watch delivers it)."""
+    from joblease.domain.dispatch import Proposal
+
+    pool.on_loop(lambda: pool.engine.inbox(tuple(Proposal(n, "1") for n in names)))
+
+
+def test_a_proposed_job_is_read_within_the_pool_and_claimed_by_the_worker_itself(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from support.fakekube import T_NOW
+
+    api = FakeKubeApi()
+    pool_job(api, "open", {"phase": "Available", "generation": 0, "epoch": 1})
+    pool, _ = pool_over(kind, api, pools, monkeypatch, slots=1)
+    pool.engine.dispatcher_until = T_NOW + timedelta(seconds=60)  # a live dispatcher
+    assert pool.claim_next("w", timeout=0) is None  # dispatched: "open" only by proposal
+    proposed(pool, "open")
+    lease = pool.claim_next("w", timeout=0)
+    assert lease is not None and lease.name == "open"
+    assert writes(api) == [("GET", "jobleases"), ("PATCH", "open")]  # read, then its claim
+    stored = api.stored("ns", "open")["status"]  # type: ignore[index]
+    assert (stored["holder"], stored["generation"]) == ("w", 1)
+    assert stored["claimId"].startswith("proposed-")  # its own claim, made on a proposal
+    assert pool.claim_next("w", timeout=0) is None  # tried: not read again at that version
+    assert len(writes(api)) == 2 and (pool.claims, pool.conflicts) == (1, 0)
+
+
+def test_a_proposal_outside_the_pool_or_not_claimable_writes_nothing(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from support.fakekube import T_NOW
+
+    api = FakeKubeApi()
+    pool_job(api, "elsewhere", {"phase": "Available", "generation": 0, "epoch": 1},
+             labels={"team": "other"})  # a forged proposal: a job of another pool
+    pool_job(api, "taken", {"phase": "Held", "holder": "other", "generation": 3, "epoch": 1,
+                            "claimId": "theirs",
+                            "leaseUntil": format_time(T_NOW + timedelta(seconds=30))})
+    pool, _ = pool_over(kind, api, pools, monkeypatch, slots=1)
+    pool.engine.dispatcher_until = T_NOW + timedelta(seconds=60)
+    proposed(pool, "elsewhere", "taken", "missing")
+    assert pool.claim_next("w", timeout=0) is None
+    # three reads, no write: the pool's selector hides "elsewhere", "taken" is refused
+    # from the version read, "missing" does not exist
+    assert writes(api) == [("GET", "jobleases")] * 3
+    assert api.stored("ns", "taken")["status"]["generation"] == 3  # type: ignore[index]
+    assert pool.claims == 0 and pool.engine.proposals != ()
+
+
+def test_a_read_of_a_proposal_that_raises_hands_it_back_for_the_next_call(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    from support.fakekube import T_NOW
+
+    api = FakeKubeApi()
+    pool_job(api, "open", {"phase": "Available", "generation": 0, "epoch": 1})
+    pool, _ = pool_over(kind, api, pools, monkeypatch, slots=1)
+    pool.engine.dispatcher_until = T_NOW + timedelta(seconds=60)
+    proposed(pool, "open")
+    real = api.request
+
+    def unreachable(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        api.request = real  # type: ignore[method-assign]  # once
+        raise UnavailableError(0, "Unavailable", "connection reset")
+
+    api.request = unreachable  # type: ignore[method-assign]
+    assert pool.claim_next("w", timeout=0) is None  # the read failed: nothing claimed
+    proposed(pool, "open")  # still proposed: the inbox says it again, at another version
+    pool.on_loop(lambda: pool.engine.inbox(()))
+    proposed(pool, "open")
+    lease = pool.claim_next("w", timeout=0)
+    assert lease is not None and lease.name == "open"

@@ -31,11 +31,21 @@ from types import TracebackType
 from typing import Generic, Protocol, TypeVar, cast
 
 from joblease.core.asteps import AsyncPort, adrive
-from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen
+from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen, claim_proposed
 from joblease.core.feed import WATCH_SECONDS, Feed, FeedSink
-from joblease.core.pool_engine import Adopt, Ask, EngineFront, PoolClock, PoolEngine, Wait
+from joblease.core.inbox import Inbox
+from joblease.core.pool_engine import (
+    Adopt,
+    Ask,
+    EngineFront,
+    PoolClock,
+    PoolEngine,
+    Propose,
+    Wait,
+)
 from joblease.core.presence import Presence
 from joblease.core.scope import Scope
+from joblease.domain.dispatch import Proposal
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
 from joblease.domain.token import FencingToken
@@ -110,6 +120,7 @@ class AsyncPool(EngineFront, Generic[L]):
         self.feeds: list[Feed] = []
         self._port = AsyncPort(client.store, claim=client.claim)  # the public claim()
         self._presence_task: asyncio.Task[None] | None = None
+        self._inbox_task: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self.view)
@@ -140,7 +151,8 @@ class AsyncPool(EngineFront, Generic[L]):
         self.engine.close()
         follower, self._follower = self._follower, None
         presence_task, self._presence_task = self._presence_task, None
-        for task in (follower, presence_task):
+        inbox_task, self._inbox_task = self._inbox_task, None
+        for task in (follower, presence_task, inbox_task):
             if task is not None:
                 task.cancel()
                 await asyncio.wait([task])
@@ -185,6 +197,8 @@ class AsyncPool(EngineFront, Generic[L]):
                 return None
             if isinstance(chosen, Adopt):
                 lease = await self._adopt(chosen.job, ask)
+            elif isinstance(chosen, Propose):
+                lease = await self._claim_proposed(chosen.proposal, ask)
             else:
                 lease = await self._claim(chosen, ask)
             if lease is not None:
@@ -192,7 +206,7 @@ class AsyncPool(EngineFront, Generic[L]):
 
     # -- choosing, waiting, claiming (the engine decides) ------------------------------------
 
-    async def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | None:
+    async def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | Propose | None:
         """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
         while (wait := self.engine.await_list(ask.end)) is not None:
             await _until(self._changed, wait.seconds)
@@ -213,6 +227,17 @@ class AsyncPool(EngineFront, Generic[L]):
             self.engine.settle(chosen, None)
             raise
         return self.engine.settle(chosen, outcome)
+
+    async def _claim_proposed(self, proposal: Proposal, ask: Ask) -> L | None:
+        """Read a proposed job within the pool and claim it (as ``Pool._claim_proposed``)."""
+        try:
+            read, outcome = await adrive(claim_proposed(
+                self.client.namespace, self.selector, proposal, ask.who, ask.end,
+                self.engine.clock.monotonic), self._port)
+        except BaseException:
+            self.engine.settle_proposal(proposal, None, None)
+            raise
+        return self.engine.settle_proposal(proposal, read, outcome)
 
     async def _adopt(self, job: Observed, ask: Ask) -> L | None:
         """Adopt a dispatcher's claim: resume it and renew it once (as ``Pool._adopt``)."""
@@ -287,8 +312,19 @@ class AsyncPool(EngineFront, Generic[L]):
         presence = self.engine.announce(who)
         if presence is None:
             return
-        self._presence_task = asyncio.get_running_loop().create_task(
+        loop = asyncio.get_running_loop()
+        self._presence_task = loop.create_task(
             self._run_presence(presence), name=f"joblease-presence-{self.selector}")
+        inbox = self.engine.inbox_feed
+        if inbox is not None:
+            self._inbox_task = loop.create_task(self._run_inbox(inbox),
+                                                name=f"joblease-inbox-{self.selector}")
+
+    async def _run_inbox(self, inbox: Inbox) -> None:
+        try:
+            await adrive(inbox.steps(self.engine), AsyncPort(self.client.store))
+        except Exception:  # an inbox is an optimisation: its failure must not stop claims
+            log.exception("JobLease pool %r: the inbox stopped", self.selector)
 
     async def _run_presence(self, presence: Presence) -> None:
         try:

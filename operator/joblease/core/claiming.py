@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from joblease.core.inbox import read_proposed
 from joblease.core.steps import ClaimBy, Sleep, Steps
+from joblease.domain.dispatch import Proposal
 from joblease.domain.errors import LeaseLostError, LeaseNotFoundError, LeaseUnavailableError
-from joblease.domain.lease import Observed
-from joblease.kube.api import ConflictError, UnavailableError
+from joblease.domain.lease import PROPOSED_CLAIM_PREFIX, Observed
+from joblease.kube.api import ApiError, ConflictError, UnavailableError
 from joblease.kube.identity import new_claim_id
 from joblease.kube.transact import MAX_CONFLICTS, ContentionError
 
@@ -48,14 +50,16 @@ ADOPTION_REFUSED = (LeaseLostError, LeaseNotFoundError)
 
 
 def claim_chosen(chosen: Observed, holder: str, end: float | None,
-                 monotonic: Callable[[], float]) -> Steps[Any]:
+                 monotonic: Callable[[], float], prefix: str = "") -> Steps[Any]:
     """Claim ``chosen`` for ``holder`` (steps 1-3): the lease, or the refusal (choose again).
 
     Raises:
         UnavailableError: the answer was lost and ``end`` (local monotonic) came first.
         ApiError: refused for another reason (``ForbiddenError``: the admission policy).
+
+    ``prefix`` marks the claim id (``PROPOSED_CLAIM_PREFIX``: made on a proposal).
     """
-    claim_id = new_claim_id()
+    claim_id = prefix + new_claim_id()
     observed: Observed | None = chosen
     pause = FIRST_PAUSE
     while True:
@@ -70,3 +74,22 @@ def claim_chosen(chosen: Observed, holder: str, end: float | None,
             yield Sleep(pause)
             pause = min(LOST_ANSWER_PAUSE_MAX, pause * 2)
             observed = None
+
+
+def claim_proposed(namespace: str, selector: str | None, proposal: Proposal, holder: str,
+                   end: float | None, monotonic: Callable[[], float]
+                   ) -> Steps[tuple[Observed | None, Any]]:
+    """Read a job a dispatcher proposed, within the pool, and claim it as a chosen one.
+
+    Returns ``(the job as read, claim_chosen's outcome)``, or ``(None, the reason)`` when it
+    could not be read as a job of this pool (not found, or the read failed: the dispatcher
+    proposes it again while it stands). A worker runs only what this claim won.
+    """
+    try:
+        read = yield from read_proposed(namespace, selector, proposal.name)
+    except ApiError as err:
+        return None, err
+    if read is None:
+        return None, LeaseNotFoundError(proposal.name, namespace)
+    return read, (yield from claim_chosen(read, holder, end, monotonic,
+                                          PROPOSED_CLAIM_PREFIX))

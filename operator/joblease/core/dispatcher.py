@@ -40,6 +40,7 @@ from typing import Any
 
 from joblease.core.claiming import REFUSED
 from joblease.core.feed import LeaseFeed
+from joblease.core.inbox import delete_inbox_steps, write_inbox_steps
 from joblease.core.presence import (
     DISPATCHER_ROLE,
     PATH,
@@ -47,24 +48,30 @@ from joblease.core.presence import (
     ROLE_LABEL,
     UNFINISHED_ANNOTATION,
     announced_slots,
+    inbox_readers,
     live_records,
     micro_time,
     pool_key,
     record_until,
+    records_selector,
 )
 from joblease.core.steps import Call, Steps, Stopped, SyncPort, Whoami, drive
 from joblease.core.transaction import Outcome, transaction
 from joblease.domain.clock import ServerNow
 from joblease.domain.dispatch import (
     ADOPT_WITHIN,
+    AHEAD,
+    CLAIM_WITHIN,
+    Proposal,
     Queued,
     dispatch_queue,
     free_slots,
     may_receive,
     plan,
+    proposals_to_keep,
 )
 from joblease.domain.holder import ClaimDecider
-from joblease.domain.lease import Observed, dispatch_claim_id
+from joblease.domain.lease import Observed, claimable_at, dispatch_claim_id
 from joblease.domain.pool import PoolView
 from joblease.kube.api import MERGE_PATCH, ApiError, ConflictError, NotFoundError
 from joblease.kube.identity import new_claim_id
@@ -190,6 +197,9 @@ class DispatchCounts:
     refused: int = 0
     failed: int = 0
     rounds: int = 0
+    proposed: int = 0
+    taken_back: int = 0
+    inbox_writes: int = 0
 
 
 class Dispatcher:
@@ -207,6 +217,9 @@ class Dispatcher:
         adopt_within: How long an assignment may stay unadopted before it is taken back.
         record_seconds: The dispatcher record's lifetime (workers take turns again this
             long after the dispatcher's last renewal).
+        ahead: Proposals a worker that reads its inbox receives beyond its free slots.
+        claim_within: How long a worker with a free slot may leave its proposals
+            unclaimed before they are taken back (and it is passed over).
 
     Attributes:
         view: The pool's queue (a ``PoolView`` fed by the list and watch).
@@ -217,7 +230,8 @@ class Dispatcher:
     def __init__(self, store: LeaseStore, api: Transport, margin: Callable[[], timedelta],
                  namespace: str, selector: str, identity: str, *, max_slots: int = MAX_SLOTS,
                  in_flight: int = IN_FLIGHT, adopt_within: timedelta = ADOPT_WITHIN,
-                 record_seconds: int = RECORD_SECONDS, watch_seconds: int = 300) -> None:
+                 record_seconds: int = RECORD_SECONDS, watch_seconds: int = 300,
+                 ahead: int = AHEAD, claim_within: timedelta = CLAIM_WITHIN) -> None:
         self.store, self.api, self.margin = store, api, margin
         self.namespace, self.selector = namespace, selector
         self.max_slots, self.in_flight, self.adopt_within = max_slots, in_flight, adopt_within
@@ -232,6 +246,15 @@ class Dispatcher:
         self.passed_over: dict[str, float] = {}  # worker → until when it gets no work
         self._slots: dict[str, int] = {}
         self._live: set[str] = set()
+        self._readers: set[str] = set()  # live workers that read proposals from an inbox
+        # worker → job → (proposal, local time proposed), in the order to claim
+        self.proposed: dict[str, dict[str, tuple[Proposal, float]]] = {}
+        self._active: dict[str, float] = {}  # worker → when it last took a proposed job
+        self._free_since: dict[str, float] = {}  # worker → since when it had a free slot
+        self._dirty: set[str] = set()  # inboxes to write
+        self._writing: set[str] = set()  # inboxes being written
+        self._inboxes: set[str] = set()  # inboxes this dispatcher wrote (deleted when gone)
+        self.ahead, self.claim_within = ahead, claim_within
         self._stop = threading.Event()
         self.feed = LeaseFeed(store, namespace, selector, watch_seconds=watch_seconds)
         self._executor = ThreadPoolExecutor(max_workers=in_flight,
@@ -239,7 +262,9 @@ class Dispatcher:
         self._threads = [threading.Thread(target=self._run_feed, daemon=True,
                                           name=f"joblease-dispatch-feed[{selector}]"),
                          threading.Thread(target=self._run, daemon=True,
-                                          name=f"joblease-dispatcher[{selector}]")]
+                                          name=f"joblease-dispatcher[{selector}]"),
+                         threading.Thread(target=self._run_record, daemon=True,
+                                          name=f"joblease-dispatch-record[{selector}]")]
 
     @classmethod
     def for_client(cls, client: Any, selector: str, identity: str | None = None,
@@ -311,6 +336,24 @@ class Dispatcher:
     # -- the loop --------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """Dispatch rounds: one after each change (a watch event, a write's answer, a list).
+
+        The record's renewals and the workers' lists run in a thread of their own
+        (:meth:`_run_record`): a round never waits for their requests, so a worker that
+        frees is given the head of the queue within one round.
+        """
+        while not self._stop.is_set():
+            if self.leader:
+                self._dispatch()
+            with self._lock:
+                self._lock.wait(timeout=0.2)
+
+    def _run_record(self) -> None:
+        """Hold the record and list the workers on their periods, until stopped.
+
+        Renewals every :data:`RENEW_SECONDS`, lists every :data:`LIST_SECONDS`; each result
+        wakes the dispatch rounds.
+        """
         port = SyncPort(self.store, stop=self._stop)
         renewed_at = listed_at = float("-inf")
         try:
@@ -322,10 +365,12 @@ class Dispatcher:
                 if now - listed_at >= LIST_SECONDS:
                     self._list_workers(port)
                     listed_at = now
-                if self.leader:
-                    self._dispatch()
                 with self._lock:
-                    self._lock.wait(timeout=0.2)
+                    self._lock.notify_all()
+                next_at = min(renewed_at + RENEW_SECONDS, listed_at + LIST_SECONDS)
+                # at most 0.2 s at a time: the transport's clock may run apart from this
+                # thread's timeouts (a test's clock)
+                self._stop.wait(min(0.2, max(0.0, next_at - self.api.monotonic())))
         except Stopped:
             return
 
@@ -350,36 +395,154 @@ class Dispatcher:
         with self._lock:
             self._live = live
             self._slots = {who: n for who, n in announced_slots(items).items() if who in live}
+            self._readers = inbox_readers(items) & live
 
     def _now(self) -> ServerNow:
         return self.api.server_now()
 
     def _dispatch(self) -> None:
-        """One round: plan from the queue and the free slots, and write the claims."""
+        """One round: plan from the queue and the free slots; propose, or claim (legacy).
+
+        A worker that reads its inbox (it announced so) is *proposed* its jobs (an inbox
+        write, no status write); a worker of an earlier version is claimed for, as before,
+        and adopts. The proposals out are always the head of the queue that fits the
+        workers' slots (plus :attr:`ahead` each): a better job that arrives takes the
+        place of the last one proposed (taken back while still unclaimed).
+        """
         with self._lock:
             if not self._synced:
                 return
-            room = self.in_flight - len(self._flying)
-            if room <= 0:
-                return
-            busy = Counter(self.view.held_by())
-            busy.update(self._flying.values())
             now = self.api.monotonic()
             self.passed_over = {w: t for w, t in self.passed_over.items() if t > now}
             self._retry_at = {n: t for n, t in self._retry_at.items() if t > now}
-            free = free_slots({w: n for w, n in self._slots.items()
-                               if w not in self.passed_over}, busy, self.max_slots)
-            margin = self.margin()
-            queue = dispatch_queue(self.view.in_order(), self._now(), margin, self._live,
-                                   skip=self._skipped(), limit=min(room, sum(free.values())),
+            server_now, margin = self._now(), self.margin()
+            held = Counter(self.view.held_by())
+            busy = held + Counter(self._flying.values())
+            cap = free_slots({w: n + (self.ahead if w in self._readers else 0)
+                              for w, n in self._slots.items() if w not in self.passed_over},
+                             busy, self.max_slots + self.ahead)
+            queue = dispatch_queue(self.view.in_order(), server_now, margin, self._live,
+                                   skip=self._skipped(), limit=sum(cap.values()),
                                    adopt_within=self.adopt_within)
-            decided = plan(queue, free, may_receive)
-            for queued, worker in decided:
-                self._flying[queued.job.name] = worker
+            self._take_back({q.job.name for q in queue}, held, server_now, margin, now)
+            out = {name for jobs in self.proposed.values() for name in jobs}
+            free = {w: max(0, c - len(self.proposed.get(w, {}))) for w, c in cap.items()
+                    if w not in self.passed_over}  # passed over in this round included
+            room = self.in_flight - len(self._flying)
+            claims: list[tuple[Queued, str]] = []
+            for queued, worker in plan([q for q in queue if q.job.name not in out], free,
+                                       may_receive):
+                if worker in self._readers and not queued.reassign:
+                    self._propose(queued.job, worker, now)
+                    if held[worker] < self._slots.get(worker, 0):  # it may claim at once
+                        self._free_since.setdefault(worker, now)
+                elif len(claims) < room:
+                    self._flying[queued.job.name] = worker
+                    claims.append((queued, worker))
+            writes = self._inbox_writes()
             self.counts.rounds += 1
-        for queued, worker in decided:
+        for queued, worker in claims:
             self._executor.submit(self._claim, queued, worker, margin).add_done_callback(
                 _log_failure)
+        for worker, proposals in writes:
+            self._executor.submit(self._write_inbox, worker, proposals).add_done_callback(
+                _log_failure)
+
+    def _propose(self, job: Observed, worker: str, now: float) -> None:
+        self.proposed.setdefault(worker, {})[job.name] = (
+            Proposal(job.name, job.resource_version), now)
+        self._active.setdefault(worker, now)
+        self._dirty.add(worker)
+        self.counts.proposed += 1
+
+    def _take_back(self, wanted: set[str], held: Counter[str], server_now: ServerNow,
+                   margin: timedelta, now: float) -> None:
+        """Drop the proposals that no longer stand; an inbox changes only if one did not.
+
+        A proposal its worker took (the job Held by it) just leaves. One whose job is no
+        longer claimable (taken by another, finished) leaves too: the worker's read would
+        show it. One whose job is still claimable is *taken back* (its inbox rewritten):
+        when a better job pushed it out of the head of the queue, when its worker is no
+        longer live (or no longer reads an inbox), or when its worker had a free slot and
+        took none of its proposals for :attr:`claim_within` (then it is passed over).
+        """
+        current = {obs.name: obs for obs in self.view.in_order()}
+        for worker in list(self.proposed):
+            jobs = self.proposed[worker]
+            if held[worker] < self._slots.get(worker, 0):  # a free slot: the clock runs
+                since = max(self._free_since.setdefault(worker, now),
+                            self._active.get(worker, now))
+            else:
+                self._free_since.pop(worker, None)
+                since = now
+            late = now - since >= self.claim_within.total_seconds()
+            gone = worker not in self._readers or worker in self.passed_over
+            keep = {} if gone or late else proposals_to_keep(
+                {name: p for name, (p, _) in jobs.items()}, current, server_now, margin, wanted)
+            for name in list(jobs):
+                if name in keep:
+                    continue
+                del jobs[name]
+                obs = current.get(name)
+                if obs is not None and obs.status.holder == worker:
+                    self._active[worker] = now  # it took the job
+                elif self._claimable(obs, server_now, margin):
+                    self._dirty.add(worker)
+                    self.counts.taken_back += 1
+            if late and worker not in self.passed_over:
+                self.passed_over[worker] = now + PASS_OVER_SECONDS
+                log.warning("dispatcher of %r: %s took none of its proposals for %.0fs: "
+                            "passed over", self.selector, worker,
+                            self.claim_within.total_seconds())
+            if not jobs:
+                del self.proposed[worker]
+                self._active.pop(worker, None)
+                self._free_since.pop(worker, None)
+        for worker in self._inboxes - self._live:
+            self._dirty.add(worker)  # gone: its inbox is deleted
+
+    @staticmethod
+    def _claimable(obs: Observed | None, now: ServerNow, margin: timedelta) -> bool:
+        at = None if obs is None else claimable_at(obs, margin)
+        return at is not None and now.earliest >= at
+
+    def _inbox_writes(self) -> list[tuple[str, list[Proposal] | None]]:
+        """The inboxes to write now (``None``: delete it), at most one write per worker."""
+        writes: list[tuple[str, list[Proposal] | None]] = []
+        for worker in sorted(self._dirty - self._writing):
+            jobs = self.proposed.get(worker, {})
+            if worker not in self._live and not jobs:
+                writes.append((worker, None))
+            else:
+                writes.append((worker, [p for p, _ in jobs.values()]))
+            self._writing.add(worker)
+        self._dirty -= self._writing
+        return writes
+
+    def _write_inbox(self, worker: str, proposals: list[Proposal] | None) -> None:
+        """Write (or delete) one worker's inbox; a failure marks it to write again."""
+        try:
+            if proposals is None:
+                drive(delete_inbox_steps(self.namespace, self.record.pool, worker),
+                      SyncPort(self.store))
+            else:
+                drive(write_inbox_steps(self.namespace, self.record.pool, worker,
+                                        self.record.identity, proposals), SyncPort(self.store))
+        except Exception as err:  # lost, refused, a bug: the next round writes it again
+            log.warning("dispatcher of %r: the inbox of %s: %s", self.selector, worker, err)
+            with self._lock:
+                self._writing.discard(worker)
+                self._dirty.add(worker)
+                self.counts.failed += 1
+            return
+        with self._lock:
+            self._writing.discard(worker)
+            self.counts.inbox_writes += 1
+            if proposals is None:
+                self._inboxes.discard(worker)
+            else:
+                self._inboxes.add(worker)
+            self._lock.notify_all()
 
     def _skipped(self) -> set[str]:
         return set(self._flying) | set(self._retry_at) | self.view.set_aside_names()
@@ -448,7 +611,7 @@ def _whoami() -> Steps[str]:
 def _list_records(namespace: str, pool: str) -> Steps[dict[str, Any]]:
     body: dict[str, Any] = yield Call(LeaseCall(
         "GET", PATH.format(namespace=namespace), _raw,
-        query={"labelSelector": f"{POOL_LABEL}={pool}"}))
+        query={"labelSelector": records_selector(pool)}))
     return body
 
 

@@ -52,9 +52,11 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol, TypeVar
 
 from joblease.core.claiming import PooledLease
+from joblease.core.inbox import Inbox
 from joblease.core.presence import Presence
 from joblease.core.scope import FULL, PENDING, Scope, StreamMerge
 from joblease.domain.clock import ServerClock, ServerNow
+from joblease.domain.dispatch import Proposal
 from joblease.domain.errors import LeaseFinishedError, PoolClosedError
 from joblease.domain.lease import Observed
 from joblease.domain.pool import PoolView, seconds_until_wake
@@ -135,13 +137,20 @@ class Adopt:
 
 
 @dataclass(frozen=True)
+class Propose:
+    """A dispatcher proposed ``proposal`` to this worker: read it and claim it yourself."""
+
+    proposal: Proposal
+
+
+@dataclass(frozen=True)
 class Wait:
     """Nothing to claim yet: wait for a change, at most ``seconds`` (``None``: no bound)."""
 
     seconds: float | None
 
 
-Decision = Observed | Adopt | Wait | None
+Decision = Observed | Adopt | Propose | Wait | None
 
 
 class PoolEngine:
@@ -189,6 +198,9 @@ class PoolEngine:
         self.conflicts = 0
         self.watch_errors = 0
         self.presence: Presence | None = None
+        self.inbox_feed: Inbox | None = None  # this worker's inbox, once announced with slots
+        self.proposals: tuple[Proposal, ...] = ()  # what the inbox proposes now
+        self._tried: set[tuple[str, str]] = set()  # proposals read and claimed (or refused)
         self.changes = 0
         self.closed = False
         self._with_presence = presence
@@ -261,6 +273,23 @@ class PoolEngine:
             if first or (until, unfinished) != (self.dispatcher_until, self.pool_unfinished):
                 self.dispatcher_until, self.pool_unfinished = until, unfinished
                 self._changed()
+
+    def inbox(self, proposals: tuple[Proposal, ...]) -> None:
+        """The worker's inbox as just read (``InboxSink``): the jobs proposed to it, in order.
+
+        A proposal read once is not read again while the inbox still holds it (at that
+        version); one that left the inbox is forgotten.
+        """
+        with self._guard:
+            self.proposals = proposals
+            self._tried &= {(p.name, p.resource_version) for p in proposals}
+            self._changed()
+
+    def inbox_refused(self) -> None:
+        """The inbox was refused: presence announces that this worker reads none."""
+        with self._guard:
+            if self.presence is not None:
+                self.presence.stop_reading_inbox()
 
     # -- the feed's scope (issue 30: a dispatched worker watches only its own jobs) ----------
 
@@ -388,6 +417,8 @@ class PoolEngine:
             if not self._with_presence or self.presence is not None or self.closed:
                 return None
             self.presence = Presence(self.namespace, self.selector, who, slots=self.slots)
+            if self.slots is not None:
+                self.inbox_feed = Inbox(self.namespace, self.selector, who)
             return self.presence
 
     # -- claiming ---------------------------------------------------------------------------
@@ -418,6 +449,11 @@ class PoolEngine:
             if assigned is not None:
                 self._claiming.add(assigned.name)
                 return Adopt(assigned)
+            proposal = self._proposed(ask.who)
+            if proposal is not None:
+                self._claiming.add(proposal.name)
+                self._tried.add((proposal.name, proposal.resource_version))
+                return Propose(proposal)
             dispatched = self.dispatched(now)
             chosen = self.view.choose(ask.who, now, margin, ask.spread, exclude=self._claiming,
                                       only=_not_dispatched if dispatched else None)
@@ -451,6 +487,32 @@ class PoolEngine:
             if obs.name not in self._claiming and not self.view.is_set_aside(obs.name):
                 return obs
         return None
+
+    def _proposed(self, who: str) -> Proposal | None:
+        """The first proposal to this worker not yet tried, and not being claimed or held."""
+        for proposal in self.proposals:
+            if (proposal.name in self._claiming
+                    or (proposal.name, proposal.resource_version) in self._tried):
+                continue
+            mine = self.view.get(proposal.name)
+            if mine is not None and mine.status.holder == who and not mine.status.phase.finished:
+                continue  # already held by this worker (its claim is in the view)
+            return proposal
+        return None
+
+    def settle_proposal(self, proposal: Proposal, read: Observed | None,
+                        outcome: L | Exception | None) -> L | None:
+        """Fold a proposal's claim in (``read``: the job as read; ``None``: not in the pool).
+
+        As :meth:`settle`; a proposal that could not be read or was refused is not tried
+        again at that version (the dispatcher proposes it again if it still stands).
+        """
+        if read is not None:
+            return self.settle(read, outcome)
+        with self._guard:
+            self._claiming.discard(proposal.name)
+            self._changed()
+            return None
 
     def settle(self, chosen: Observed, outcome: L | Exception | None) -> L | None:
         """Fold a claim's outcome in; the lease won, or ``None`` (choose again, or it raised).

@@ -50,6 +50,8 @@ POOL_LABEL = "joblease.dev/pool"
 ROLE_LABEL = "joblease.dev/role"  # "dispatcher" on a pool's dispatcher record (issue 30)
 DISPATCHER_ROLE = "dispatcher"
 SLOTS_ANNOTATION = "joblease.dev/slots"  # a worker's slots (its --concurrency), announced
+INBOX_ANNOTATION = "joblease.dev/inbox"  # "1": the worker reads proposals from its inbox
+INBOX_ROLE = "inbox"  # a worker's inbox (joblease.core.inbox): no presence record
 UNFINISHED_ANNOTATION = "joblease.dev/unfinished"  # the pool's unfinished jobs, as the
 # dispatcher last counted them (its record): a worker watching only its own jobs reads it
 PATH = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -75,10 +77,19 @@ def pool_key(selector: str | None) -> str:
     return hashlib.sha256((selector or "").encode()).hexdigest()[:32]
 
 
+def record_digest(pool: str, holder: str) -> str:
+    """What names a worker's objects in a pool (holders are no valid object names)."""
+    return hashlib.sha256(f"{pool}/{holder}".encode()).hexdigest()[:40]
+
+
 def record_name(pool: str, holder: str) -> str:
-    """The record's object name: holders (``system:serviceaccount:…``) are no valid names."""
-    digest = hashlib.sha256(f"{pool}/{holder}".encode()).hexdigest()[:40]
-    return f"joblease-worker-{digest}"
+    """The record's object name."""
+    return f"joblease-worker-{record_digest(pool, holder)}"
+
+
+def records_selector(pool: str) -> str:
+    """The label selector of a pool's presence and dispatcher records (not its inboxes)."""
+    return f"{POOL_LABEL}={pool},{ROLE_LABEL}!={INBOX_ROLE}"
 
 
 def micro_time(when: datetime) -> str:
@@ -122,6 +133,8 @@ class Presence:
         self.seconds = seconds
         self.every = every
         self.enabled = True
+        self.reads_inbox = slots is not None  # announced with the slots: proposals welcome
+        self._announce_again = False
         self.counts = PresenceCounts()
         self.name = record_name(self.pool, holder)
         self._path = PATH.format(namespace=namespace)
@@ -146,6 +159,15 @@ class Presence:
             rounds += 1
             yield Sleep(pause * random.uniform(0.8, 1.2))  # 3
 
+    def stop_reading_inbox(self) -> None:
+        """The worker cannot read its inbox (refused): announce so at the next renewal.
+
+        A dispatcher then claims for it and it adopts, as a worker of an earlier version,
+        instead of proposing jobs it would never see.
+        """
+        if self.reads_inbox:
+            self.reads_inbox, self._announce_again = False, True
+
     def leave_steps(self) -> Steps[None]:
         """Delete this worker's record (a clean exit: the others re-rank at their next list)."""
         if not self.enabled:
@@ -159,24 +181,30 @@ class Presence:
         now: ServerNow = yield ServerTime()
         spec = {"holderIdentity": self.holder, "leaseDurationSeconds": self.seconds,
                 "renewTime": micro_time(now.midpoint)}
-        annotations = {} if self.slots is None else {SLOTS_ANNOTATION: str(self.slots)}
+        annotations: dict[str, str | None] = {}
+        if self.slots is not None:
+            annotations = {SLOTS_ANNOTATION: str(self.slots),
+                           INBOX_ANNOTATION: "1" if self.reads_inbox else None}
         patch: dict[str, Any] = {"spec": spec}
-        if annotations and self.counts.renewals == 0:  # announced once (then only renewed)
-            patch["metadata"] = {"annotations": annotations}
+        if annotations and (self.counts.renewals == 0 or self._announce_again):
+            patch["metadata"] = {"annotations": annotations}  # announced once, then renewed
+            self._announce_again = False
         try:
             yield Call(LeaseCall("PATCH", f"{self._path}/{self.name}", _raw,
                                  body=patch, content_type=MERGE_PATCH))
         except NotFoundError:
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "labels": {POOL_LABEL: self.pool},
-                                 **({"annotations": annotations} if annotations else {})},
+                                 **({"annotations": kept} if (kept := {
+                                     k: v for k, v in annotations.items() if v is not None})
+                                    else {})},
                     "spec": {**spec, "acquireTime": spec["renewTime"]}}
             yield Call(LeaseCall("POST", self._path, _raw, body=body))
         self.counts.renewals += 1
 
     def _list_steps(self) -> Steps[list[dict[str, Any]]]:
         body: dict[str, Any] = yield Call(LeaseCall(
-            "GET", self._path, _raw, query={"labelSelector": f"{POOL_LABEL}={self.pool}"}))
+            "GET", self._path, _raw, query={"labelSelector": records_selector(self.pool)}))
         self.counts.lists += 1
         return list(body.get("items") or [])
 
@@ -195,7 +223,7 @@ def live_records(items: list[dict[str, Any]]) -> dict[str, datetime]:
     """
     live: dict[str, datetime] = {}
     for item in items:
-        if role(item) == DISPATCHER_ROLE:
+        if role(item) is not None:
             continue
         read = record_until(item)
         if read is not None and read[1] > live.get(read[0], read[1] - timedelta(seconds=1)):
@@ -207,16 +235,31 @@ def announced_slots(items: list[dict[str, Any]]) -> dict[str, int]:
     """``{holder: slots}`` of the listed worker records that announce their slots."""
     slots: dict[str, int] = {}
     for item in items:
-        if role(item) == DISPATCHER_ROLE or not isinstance(item, dict):
+        if role(item) is not None or not isinstance(item, dict):
             continue
         read = record_until(item)
-        value = (item.get("metadata") or {}).get("annotations", {}).get(SLOTS_ANNOTATION)
+        annotations = (item.get("metadata") or {}).get("annotations") or {}
+        value = annotations.get(SLOTS_ANNOTATION) if isinstance(annotations, dict) else None
         try:
             if read is not None and value is not None:
                 slots[read[0]] = max(0, int(value))
         except (TypeError, ValueError):
             continue
     return slots
+
+
+def inbox_readers(items: list[dict[str, Any]]) -> set[str]:
+    """The listed workers that read proposals from their inbox (the others adopt claims)."""
+    readers: set[str] = set()
+    for item in items:
+        if role(item) is not None or not isinstance(item, dict):
+            continue
+        read = record_until(item)
+        annotations = (item.get("metadata") or {}).get("annotations")
+        if (read is not None and isinstance(annotations, dict)
+                and annotations.get(INBOX_ANNOTATION) == "1"):
+            readers.add(read[0])
+    return readers
 
 
 def dispatcher_until(items: list[dict[str, Any]]) -> datetime | None:

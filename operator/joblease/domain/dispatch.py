@@ -21,6 +21,8 @@ the API server (a stale decision costs a refused write, never a second holder).
 from __future__ import annotations
 
 import heapq
+import json
+import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -29,6 +31,7 @@ from joblease.domain.clock import ServerNow
 from joblease.domain.lease import LeaseStatus, Observed, claimable_at, unadopted
 
 ADOPT_WITHIN = timedelta(seconds=10)  # an assignment left unadopted longer is taken back
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # an object name (RFC 1123)
 
 
 @dataclass(frozen=True)
@@ -136,3 +139,88 @@ def plan(queue: Iterable[Queued], free: Mapping[str, int],
 def may_receive(job: Observed, worker: str) -> bool:
     """Whether ``job`` opted in to be claimed for ``worker`` (``LeaseSpec.may_dispatch_to``)."""
     return job.spec.may_dispatch_to(job.namespace, worker)
+
+
+# -- proposals (issue 30: the dispatcher proposes, the worker claims itself) ----------------
+
+PROPOSALS_ANNOTATION = "joblease.dev/proposals"  # a worker's inbox: the jobs proposed to it
+MAX_PROPOSALS = 64  # the most proposals a worker reads from its inbox, whatever it holds
+# proposals a worker receives beyond its free slots. 0: measured (bench/results/pool), one
+# ahead left the drain's rate and completion → next claim as they were (the host is
+# CPU-bound) and made order and an urgent job's wait worse (it waits behind jobs promised)
+AHEAD = 0
+CLAIM_WITHIN = timedelta(seconds=10)  # a proposal left unclaimed longer is taken back
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A job proposed to a worker: its name and the version the dispatcher judged it by.
+
+    A proposal is a hint, never a claim: the worker reads the job (within its pool's
+    selector) and claims it itself with the usual compare-and-swap, so nothing a proposal
+    says can make a worker hold what the protocol would refuse it.
+    """
+
+    name: str
+    resource_version: str
+
+
+def encode_proposals(proposals: Iterable[Proposal]) -> str:
+    """The inbox annotation's value: ``[[name, resourceVersion], ...]`` in the order to claim."""
+    return json.dumps([[p.name, p.resource_version] for p in proposals], separators=(",", ":"))
+
+
+def decode_proposals(value: object) -> tuple[Proposal, ...]:
+    """The proposals an inbox annotation holds, in order; anything unreadable is dropped.
+
+    An inbox is written by the dispatcher, but read as hostile input all the same: a value
+    that is not JSON, entries of the wrong shape and names that are no object names are
+    skipped, duplicates keep their first place, and at most :data:`MAX_PROPOSALS` are read.
+    """
+    if not isinstance(value, str):
+        return ()
+    try:
+        entries = json.loads(value)
+    except (ValueError, RecursionError):
+        return ()
+    if not isinstance(entries, list):
+        return ()
+    seen: set[str] = set()
+    out: list[Proposal] = []
+    for entry in entries:
+        if (isinstance(entry, list) and len(entry) == 2
+                and all(isinstance(part, str) for part in entry)
+                and _NAME.fullmatch(entry[0]) and entry[1].isdigit() and entry[0] not in seen):
+            seen.add(entry[0])
+            out.append(Proposal(entry[0], entry[1]))
+            if len(out) >= MAX_PROPOSALS:
+                break
+    return tuple(out)
+
+
+def proposals_to_keep(proposed: Mapping[str, Proposal], current: Mapping[str, Observed],
+                      now: ServerNow, margin: timedelta, wanted: Collection[str]
+                      ) -> dict[str, Proposal]:
+    """Which of a worker's outstanding proposals still stand (the rest are taken back).
+
+    A proposal stands while its job is still claimable now (``claimable_at``) and among the
+    ``wanted`` ones (the head of the queue the dispatcher would give out now: a job that a
+    better one pushed out of that head is taken back, so an urgent job is proposed at once).
+    Its version follows the job's (a change that left it claimable).
+
+    Args:
+        proposed: The worker's outstanding proposals, by job name.
+        current: The dispatcher's view of the pool, by name.
+        now: The server's time now.
+        margin: The claims' clock margin.
+        wanted: The jobs the dispatcher would have out now.
+    """
+    kept: dict[str, Proposal] = {}
+    for name in proposed:
+        obs = current.get(name)
+        if obs is None or name not in wanted:
+            continue
+        at = claimable_at(obs, margin)
+        if at is not None and now.earliest >= at:
+            kept[name] = Proposal(name, obs.resource_version)
+    return kept

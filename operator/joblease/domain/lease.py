@@ -351,6 +351,16 @@ class Claim:
 
 
 DISPATCH_CLAIM_PREFIX = "dispatch-"  # a dispatcher's claim ids (docs/pools.md, issue 30)
+# a worker's claim of a job a dispatcher proposed to it: informational only (anyone may
+# write it; nothing is decided by it), so that `kubectl get` and the bench tell a claim
+# made on a proposal from one made by turns
+PROPOSED_CLAIM_PREFIX = "proposed-"
+
+
+def dispatched_claim(claim_id: str | None) -> bool:
+    """Whether ``claim_id`` is a claim made through a dispatcher (claimed for, or proposed)."""
+    return bool(claim_id) and str(claim_id).startswith(
+        (DISPATCH_CLAIM_PREFIX, PROPOSED_CLAIM_PREFIX))
 ADOPTION_STEP = timedelta(milliseconds=1)  # the stored times' resolution
 
 

@@ -38,12 +38,22 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Generic, Protocol, TypeVar, cast
 
-from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen
+from joblease.core.claiming import ADOPTION_REFUSED, PooledLease, claim_chosen, claim_proposed
 from joblease.core.feed import WATCH_SECONDS, FeedSink, LeaseFeed
-from joblease.core.pool_engine import Adopt, Ask, EngineFront, PoolClock, PoolEngine, Wait
+from joblease.core.inbox import Inbox
+from joblease.core.pool_engine import (
+    Adopt,
+    Ask,
+    EngineFront,
+    PoolClock,
+    PoolEngine,
+    Propose,
+    Wait,
+)
 from joblease.core.presence import Presence
 from joblease.core.scope import Scope
 from joblease.core.steps import Stopped, SyncPort, drive
+from joblease.domain.dispatch import Proposal
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
 from joblease.domain.token import FencingToken
@@ -139,6 +149,8 @@ class Pool(EngineFront, Generic[L]):
         self._thread.start()
         self._presence_stop = threading.Event()
         self._presence_thread: threading.Thread | None = None
+        self._inbox_thread: threading.Thread | None = None
+        self._inbox_port = SyncPort(client.store, stop=self._presence_stop)
         self._shut = False  # close() ran: the feed and presence are stopped
 
     @property
@@ -185,6 +197,8 @@ class Pool(EngineFront, Generic[L]):
                 return None
             if isinstance(chosen, Adopt):
                 lease = self._adopt(chosen.job, ask)
+            elif isinstance(chosen, Propose):
+                lease = self._claim_proposed(chosen.proposal, ask)
             else:
                 lease = self._claim(chosen, ask)
             if lease is not None:
@@ -225,7 +239,7 @@ class Pool(EngineFront, Generic[L]):
 
     # -- choosing, waiting, claiming (the engine decides) ------------------------------------
 
-    def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | None:
+    def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | Propose | None:
         """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
         with self._changed:
             self._until_listed(ask.end)
@@ -255,6 +269,17 @@ class Pool(EngineFront, Generic[L]):
             self.engine.settle(chosen, None)
             raise
         return self.engine.settle(chosen, outcome)
+
+    def _claim_proposed(self, proposal: Proposal, ask: Ask) -> L | None:
+        """Read a proposed job within the pool and claim it (``claiming.claim_proposed``)."""
+        try:
+            read, outcome = drive(claim_proposed(
+                self._client.namespace, self.selector, proposal, ask.who, ask.end,
+                self.engine.clock.monotonic), self._port)
+        except BaseException:
+            self.engine.settle_proposal(proposal, None, None)
+            raise
+        return self.engine.settle_proposal(proposal, read, outcome)
 
     def _adopt(self, job: Observed, ask: Ask) -> L | None:
         """Adopt a dispatcher's claim for this worker: resume it and renew it once.
@@ -330,6 +355,20 @@ class Pool(EngineFront, Generic[L]):
             target=self._run_presence, args=(presence,), daemon=True,
             name=f"joblease-presence[{self.selector}]")
         self._presence_thread.start()
+        inbox = self.engine.inbox_feed
+        if inbox is not None:
+            self._inbox_thread = threading.Thread(
+                target=self._run_inbox, args=(inbox,), daemon=True,
+                name=f"joblease-inbox[{self.selector}]")
+            self._inbox_thread.start()
+
+    def _run_inbox(self, inbox: Inbox) -> None:
+        try:
+            drive(inbox.steps(self.engine), self._inbox_port)
+        except Stopped:
+            return
+        except Exception:  # an inbox is an optimisation: its failure must not stop claims
+            log.exception("JobLease pool %r: the inbox stopped", self.selector)
 
     def _run_presence(self, presence: Presence) -> None:
         port = SyncPort(self._client.store, stop=self._presence_stop)
@@ -342,6 +381,9 @@ class Pool(EngineFront, Generic[L]):
 
     def _leave(self) -> None:
         self._presence_stop.set()
+        self._inbox_port.interrupt()
+        if self._inbox_thread is not None:
+            self._inbox_thread.join(timeout=5)
         thread, presence = self._presence_thread, self.presence
         if thread is None or presence is None:
             return

@@ -1,0 +1,79 @@
+"""Pure figures of the pool bench (``bench.pool``): no I/O, no imports of joblease.
+
+Kept apart so that the unit tests can check them without a cluster (and without putting the
+repository's root on ``sys.path``: they load this file by its path).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+def places_late(ideal: Sequence[str], starts: Sequence[tuple[float, str]]) -> list[int]:
+    """How many places late each job started, in the order the jobs started.
+
+    Args:
+        ideal: Every job's name in the pool's order (priority, creation, revision).
+        starts: ``(start time, name)`` of the jobs that started. Jobs that started at the
+            same instant count in their ideal order: a tie on the timestamp's resolution
+            is no evidence of disorder.
+
+    Returns:
+        For the k-th job to start: k minus its place in ``ideal`` (negative: early).
+    """
+    place = {name: i for i, name in enumerate(ideal)}
+    ordered = sorted(starts, key=lambda s: (s[0], place[s[1]]))
+    return [k - place[name] for k, (_, name) in enumerate(ordered)]
+
+
+@dataclass(frozen=True)
+class Span:
+    """One job of the urgent section as the server recorded it (seconds, one clock).
+
+    Attributes:
+        acquired: Its claim's ``acquireTime``.
+        completed: Its completion's time; ``None`` if it had not completed.
+        priority: Its ``spec.priority``.
+    """
+
+    acquired: float
+    completed: float | None
+    priority: int
+
+
+def urgent_wait(created: float, acquired: float, urgent_priority: int,
+                others: Sequence[Span], slots: int) -> dict[str, float | int | bool]:
+    """An urgent job's wait from the instant a worker freed to its claim (issue 30).
+
+    Why from a freeing and not from its creation: an urgent job created while every slot is
+    busy must wait for one to free whoever decides; what the pool adds is the time from that
+    instant to the claim. The freeing is the first completion at or after ``created``. A
+    completion between the create request's sending and the job becoming visible may have
+    been refilled with a queued job before the urgent one was seen: the figure then errs
+    long, never short.
+
+    Args:
+        created: When the create request was sent (same clock as the server's, one machine).
+        acquired: The urgent job's ``acquireTime``.
+        urgent_priority: Its priority (to count lower jobs claimed before it).
+        others: Every other job of the pool that was claimed.
+        slots: The workers' slots in all (every worker busy: this many held at ``created``).
+
+    Returns:
+        ``wait_s``: the claim minus the freeing (minus ``created`` if a slot was already
+        free then); ``busy``: slots held at ``created``; ``slot_free``: whether one was
+        free; ``freed_after_s``: the freeing minus ``created``; ``lower_claimed_between``:
+        claims of lower-priority jobs decided after the freeing and before the urgent claim.
+    """
+    busy = sum(1 for s in others
+               if s.acquired <= created and (s.completed is None or s.completed > created))
+    freed = min((s.completed for s in others
+                 if s.completed is not None and s.completed >= created), default=math.nan)
+    slot_free = busy < slots
+    start = created if slot_free or math.isnan(freed) else freed
+    lower = sum(1 for s in others
+                if s.priority < urgent_priority and start < s.acquired < acquired)
+    return {"wait_s": acquired - start, "busy": busy, "slot_free": slot_free,
+            "freed_after_s": freed - created, "lower_claimed_between": lower}

@@ -1,0 +1,220 @@
+"""A dispatched worker's inbox: the jobs a pool's dispatcher proposes to it (issue 30).
+
+The dispatcher no longer claims *for* a worker (a claim, then the worker's adoption: three
+status writes per job). It **proposes**: it writes the names of the next jobs for a worker,
+with the version it judged each by, into that worker's *inbox*, a ``coordination.k8s.io``
+Lease named ``joblease-inbox-<digest of pool and worker>`` (:func:`inbox_name`), labelled
+with the pool and ``joblease.dev/role=inbox``, annotation
+:data:`~joblease.domain.dispatch.PROPOSALS_ANNOTATION`. The worker watches only that one
+object (a field selector on its name) and claims each proposed job **itself**, with the
+usual compare-and-swap, after reading it within its pool's selector
+(:func:`read_proposed`). So a job costs two status writes (the worker's claim and its
+completion) plus an inbox write that is no status write, and a proposal that was never
+claimed wrote nothing on the job: taking it back counts no attempt, with no adoption write
+to prove it.
+
+**Safety never depends on an inbox.** A proposal is a hint: the worker reads the job
+through its own pool's label selector (a job of another pool, or one that does not
+exist, is not found) and claims it with the protocol's own decision; a stale or forged
+proposal costs a read. Who may write an inbox is the chart's presence policy: a Lease
+labelled ``joblease.dev/role`` is written by the operator only, and names it as holder.
+
+An inbox carries no ``renewTime``: workers of an earlier version, which list every Lease of
+the pool as presence records, cannot read it as a live worker. Workers of this version list
+presence records with ``joblease.dev/role!=inbox``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from joblease.core.feed import WATCH_SECONDS, retry_pause
+from joblease.core.presence import (
+    INBOX_ROLE,
+    PATH,
+    POOL_LABEL,
+    ROLE_LABEL,
+    pool_key,
+    record_digest,
+)
+from joblease.core.steps import Call, Sleep, Steps, Watch
+from joblease.domain.dispatch import (
+    PROPOSALS_ANNOTATION,
+    Proposal,
+    decode_proposals,
+    encode_proposals,
+)
+from joblease.domain.lease import Observed
+from joblease.kube.api import MERGE_PATCH, ApiError, ForbiddenError, NotFoundError
+from joblease.kube.leases import LeaseCall, Page, list_call
+
+WORKER_ANNOTATION = "joblease.dev/worker"  # whom an inbox is for (its name is a digest)
+
+log = logging.getLogger(__name__)
+
+
+def inbox_name(pool: str, holder: str) -> str:
+    """The inbox's object name for ``holder`` in pool digest ``pool``."""
+    return f"joblease-inbox-{record_digest(pool, holder)}"
+
+
+class InboxSink(Protocol):
+    """Where a worker's inbox lands (its pool's engine)."""
+
+    def inbox(self, proposals: tuple[Proposal, ...]) -> None:
+        """The proposals the inbox holds now, in the order to claim (empty: none)."""
+
+    def inbox_refused(self) -> None:
+        """The API server refused the worker its inbox (403): no proposal will be seen."""
+
+
+class Inbox:
+    """A worker's inbox, read and watched (see the module doc).
+
+    Args:
+        namespace: The pool's namespace.
+        selector: The pool's label selector.
+        holder: The worker's holder name.
+        watch_seconds: How long each watch runs before the server ends it.
+
+    Attributes:
+        name: The inbox's object name.
+        enabled: ``False`` once the API server refused to let the worker read it (no
+            ``watch`` on Leases: the dispatcher then takes its proposals back, unclaimed).
+        events: Inbox versions delivered (a worker's decoded events, counted by the bench).
+    """
+
+    def __init__(self, namespace: str, selector: str | None, holder: str, *,
+                 watch_seconds: int = WATCH_SECONDS) -> None:
+        self.namespace = namespace
+        self.name = inbox_name(pool_key(selector), holder)
+        self.watch_seconds = watch_seconds
+        self.enabled = True
+        self.events = 0
+        self._path = PATH.format(namespace=namespace)
+        self._version: str | None = None
+
+    def steps(self, sink: InboxSink) -> Steps[None]:
+        """Read the inbox, then watch it and resume, until stopped or refused.
+
+        A 410 reads it again at once; other failures are retried after the feed's backoff;
+        a 403 turns the inbox off with one warning, and the worker announces that it reads
+        none (the dispatcher then claims for it, and it adopts).
+        """
+        failures = 0
+        while True:
+            try:
+                if self._version is None:
+                    yield from self._read_steps(sink)
+                yield from self._watch_steps(sink)
+                failures = 0
+            except ForbiddenError as err:
+                self.enabled = False
+                sink.inbox(())
+                sink.inbox_refused()
+                log.warning("the inbox of %s is refused (%s): the dispatcher will claim for "
+                            "this worker instead; grant watch on leases.coordination.k8s.io "
+                            "to receive proposals", self.name, err)
+                return
+            except ApiError as err:
+                if err.status == 410:
+                    self._version = None
+                    continue
+                pause = retry_pause(failures)
+                failures += 1
+                log.debug("inbox %s: %s; again in %.1fs", self.name, err, pause)
+                yield Sleep(pause)
+
+    def _query(self) -> dict[str, str]:
+        return {"fieldSelector": f"metadata.name={self.name}"}
+
+    def _read_steps(self, sink: InboxSink) -> Steps[None]:
+        body: dict[str, Any] = yield Call(LeaseCall("GET", self._path, _raw, query=self._query()))
+        items = [item for item in body.get("items") or [] if isinstance(item, dict)]
+        sink.inbox(read_inbox(items[0]) if items else ())
+        self._version = str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+    def _watch_steps(self, sink: InboxSink) -> Steps[None]:
+        query = {**self._query(), "resourceVersion": self._version or "",
+                 "allowWatchBookmarks": "true", "timeoutSeconds": str(self.watch_seconds)}
+        yield Watch(self._path, query, lambda kind, obj: self._deliver(kind, obj, sink),
+                    self.watch_seconds)
+
+    def _deliver(self, kind: str, obj: Any, sink: InboxSink) -> None:
+        metadata = obj.get("metadata") if isinstance(obj, dict) else None
+        version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
+        if kind in ("ADDED", "MODIFIED"):
+            self.events += 1
+            sink.inbox(read_inbox(obj))
+        elif kind == "DELETED":
+            self.events += 1
+            sink.inbox(())
+        if isinstance(version, str) and version:
+            self._version = version
+
+
+def read_inbox(obj: Any) -> tuple[Proposal, ...]:
+    """The proposals an inbox object holds (none, if it is unreadable)."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    if not isinstance(annotations, dict):
+        return ()
+    return decode_proposals(annotations.get(PROPOSALS_ANNOTATION))
+
+
+def read_proposed(namespace: str, selector: str | None, name: str
+                  ) -> Steps[Observed | None]:
+    """The proposed job as it is now, if it is a job of this pool (``None``: not found).
+
+    One list with the pool's label selector and the job's name as field selector: the API
+    server answers only a job of this pool, so a proposal naming any other object reads
+    nothing.
+    """
+    page: Page = yield Call(list_call(namespace, selector, 1, "", f"metadata.name={name}"))
+    for item in page.items:
+        try:
+            obs = Observed.from_object(item)
+        except Exception as err:  # any shape: not a job to claim, never a crash
+            log.warning("proposed JobLease %s is unreadable (%s)", name, err)
+            return None
+        if obs.name == name:
+            return obs
+    return None
+
+
+def write_inbox_steps(namespace: str, pool: str, holder: str, identity: str,
+                      proposals: Iterable[Proposal]) -> Steps[None]:
+    """Write ``holder``'s inbox: a merge patch of its proposals, or its creation.
+
+    No precondition: only the pool's one dispatcher writes inboxes (a deposed one's late
+    write is at worst a stale hint, which costs the worker a read).
+    """
+    path = PATH.format(namespace=namespace)
+    name = inbox_name(pool, holder)
+    annotations = {PROPOSALS_ANNOTATION: encode_proposals(proposals)}
+    try:
+        yield Call(LeaseCall("PATCH", f"{path}/{name}", _raw,
+                             body={"metadata": {"annotations": annotations}},
+                             content_type=MERGE_PATCH))
+    except NotFoundError:
+        yield Call(LeaseCall("POST", path, _raw, body={
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name,
+                         "labels": {POOL_LABEL: pool, ROLE_LABEL: INBOX_ROLE},
+                         "annotations": {**annotations, WORKER_ANNOTATION: holder}},
+            "spec": {"holderIdentity": identity}}))
+
+
+def delete_inbox_steps(namespace: str, pool: str, holder: str) -> Steps[None]:
+    """Delete ``holder``'s inbox (its worker left); a missing one is fine."""
+    path = PATH.format(namespace=namespace)
+    try:
+        yield Call(LeaseCall("DELETE", f"{path}/{inbox_name(pool, holder)}", _raw))
+    except NotFoundError:
+        return
+
+
+def _raw(body: dict[str, Any]) -> dict[str, Any]:
+    return body

@@ -1,0 +1,198 @@
+"""The dispatcher's proposals (issue 30): it writes each worker's inbox, never the job.
+
+A worker that announced it reads its inbox is *proposed* the head of the queue (its free
+slots plus ``ahead``) in one inbox write; it claims each itself. These rounds run over the
+in-memory API server (``tests/support/fakekube.py``, whose coordination Leases are kept
+apart from the JobLeases, so ``api.requests`` lists only JobLease requests), with each
+write performed in the round that decided it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from test_dispatcher_rounds import OPT_IN, W1, W2, InLine, dispatcher_over, job
+
+from joblease.core.dispatcher import PASS_OVER_SECONDS, Dispatcher
+from joblease.core.inbox import inbox_name
+from joblease.domain.dispatch import PROPOSALS_ANNOTATION
+from joblease.domain.errors import format_time
+from joblease.domain.lease import Observed
+from joblease.kube.api import UnavailableError
+from support.fakekube import T_NOW, FakeKubeApi
+
+
+def readers(api: FakeKubeApi, slots: dict[str, int], **options: Any) -> Dispatcher:
+    """A dispatcher whose live workers all read their inboxes."""
+    dispatcher = dispatcher_over(api, slots, **options)
+    dispatcher._readers = set(slots)
+    return dispatcher
+
+
+def inbox(api: FakeKubeApi, dispatcher: Dispatcher, worker: str) -> list[str] | None:
+    """The job names ``worker``'s inbox proposes, in order (``None``: no inbox)."""
+    stored = api.presence.get(("ns", inbox_name(dispatcher.record.pool, worker)))
+    if stored is None:
+        return None
+    return [name for name, _ in json.loads(stored["metadata"]["annotations"][
+        PROPOSALS_ANNOTATION])]
+
+
+def out_now(api: FakeKubeApi, dispatcher: Dispatcher) -> list[str]:
+    """Every job W1's and W2's inboxes propose, sorted."""
+    return sorted(name for worker in (W1, W2) for name in inbox(api, dispatcher, worker) or [])
+
+
+def held_by(api: FakeKubeApi, dispatcher: Dispatcher, name: str, worker: str) -> None:
+    """``worker`` claimed ``name`` itself; the dispatcher's watch brings it."""
+    at = format_time(T_NOW)
+    job(api, name, {"phase": "Held", "holder": worker, "generation": 1, "epoch": 1,
+                    "claimId": "its-own", "acquireTime": at, "renewTime": at,
+                    "leaseUntil": format_time(T_NOW + timedelta(seconds=30))})
+    dispatcher.apply("MODIFIED", Observed.from_object(api.stored("ns", name)))
+
+
+def created(api: FakeKubeApi, dispatcher: Dispatcher, name: str, priority: int = 0) -> None:
+    api.put_object(_with_priority(name, priority))
+    dispatcher.apply("ADDED", Observed.from_object(api.stored("ns", name)))
+
+
+def _with_priority(name: str, priority: int) -> dict[str, Any]:
+    from support.fakekube import lease_object
+    return lease_object(name, {"phase": "Available", "generation": 0, "epoch": 1},
+                        dispatch=OPT_IN, priority=priority)
+
+
+def test_a_reader_is_proposed_its_free_slots_in_one_inbox_write_and_no_job_write() -> None:
+    api = FakeKubeApi()
+    for name in ("a", "b", "c", "d"):
+        job(api, name)
+    dispatcher = readers(api, {W1: 2})  # the default: nothing ahead
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a", "b"]
+    assert api.requests == [] and dispatcher.counts.inbox_writes == 1
+
+
+def test_with_one_ahead_a_reader_is_proposed_its_free_slots_plus_one_in_one_write(
+        ) -> None:
+    api = FakeKubeApi()
+    for name in ("a", "b", "c", "d"):
+        job(api, name)
+    dispatcher = readers(api, {W1: 2}, ahead=1)
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a", "b", "c"]  # 2 slots + 1 ahead, in order
+    assert api.requests == []  # nothing written on any job: the worker claims itself
+    assert (dispatcher.counts.proposed, dispatcher.counts.inbox_writes) == (3, 1)
+    assert dispatcher.counts.assigned == 0
+    dispatcher._dispatch()  # nothing changed: no write
+    assert dispatcher.counts.inbox_writes == 1
+
+
+def test_a_proposal_the_worker_took_leaves_without_a_write_and_frees_one_place() -> None:
+    api = FakeKubeApi()
+    for name in ("a", "b", "c"):
+        job(api, name)
+    dispatcher = readers(api, {W1: 1}, ahead=1)
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a", "b"]
+    held_by(api, dispatcher, "a", W1)
+    dispatcher._dispatch()
+    # "a" is held (its slot busy), "b" still ahead: the inbox is already right
+    assert dispatcher.counts.inbox_writes == 1 and set(dispatcher.proposed[W1]) == {"b"}
+    api.put_object(api.stored("ns", "a") | {"status": {"phase": "Completed", "generation": 1,
+                                                       "epoch": 1}})
+    dispatcher.apply("DELETED", Observed.from_object(api.stored("ns", "a")))
+    dispatcher._dispatch()  # "a" done: one more place, "c" proposed in one write
+    assert inbox(api, dispatcher, W1) == ["b", "c"] and dispatcher.counts.inbox_writes == 2
+    assert dispatcher.counts.taken_back == 0
+
+
+def test_an_urgent_job_takes_the_place_of_the_last_proposal_at_once() -> None:
+    api = FakeKubeApi()
+    for name in ("a", "b"):
+        job(api, name)
+    dispatcher = readers(api, {W1: 1, W2: 1}, ahead=0)
+    dispatcher._dispatch()
+    assert out_now(api, dispatcher) == ["a", "b"]
+    created(api, dispatcher, "urgent", priority=9)
+    dispatcher._dispatch()
+    assert out_now(api, dispatcher) == ["a", "urgent"]
+    assert dispatcher.counts.taken_back == 1  # "b", still claimable, taken back
+
+
+def test_a_gone_workers_proposals_go_to_another_and_its_inbox_is_deleted() -> None:
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = readers(api, {W1: 1}, ahead=0)
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a"]
+    dispatcher._live, dispatcher._readers, dispatcher._slots = {W2}, {W2}, {W2: 1}
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W2) == ["a"]
+    assert inbox(api, dispatcher, W1) is None  # deleted
+    assert dispatcher.counts.taken_back == 1 and api.requests == []
+
+
+def test_a_worker_with_a_free_slot_that_takes_nothing_is_passed_over() -> None:
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = readers(api, {W1: 1, W2: 1}, ahead=0, claim_within=timedelta(seconds=10))
+    dispatcher._dispatch()
+    first = W1 if inbox(api, dispatcher, W1) == ["a"] else W2
+    api._monotonic += 9.0
+    dispatcher._dispatch()
+    assert first not in dispatcher.passed_over  # 9 s: not yet
+    api._monotonic += 1.5
+    dispatcher._dispatch()
+    other = W2 if first == W1 else W1
+    assert dispatcher.passed_over[first] == pytest.approx(api._monotonic + PASS_OVER_SECONDS,
+                                                          abs=0.1)
+    assert inbox(api, dispatcher, first) == [] and inbox(api, dispatcher, other) == ["a"]
+
+
+def test_a_busy_worker_keeps_the_job_proposed_ahead_however_long_its_job_runs() -> None:
+    api = FakeKubeApi()
+    for name in ("a", "b"):
+        job(api, name)
+    dispatcher = readers(api, {W1: 1}, ahead=1, claim_within=timedelta(seconds=10))
+    dispatcher._dispatch()
+    held_by(api, dispatcher, "a", W1)
+    for _ in range(5):
+        api._monotonic += 30.0  # "a" runs for minutes: "b" waits, proposed ahead
+        dispatcher._dispatch()
+    assert W1 not in dispatcher.passed_over and set(dispatcher.proposed[W1]) == {"b"}
+    assert dispatcher.counts.taken_back == 0
+
+
+def test_a_failed_inbox_write_is_written_again_next_round(
+        caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = readers(api, {W1: 1}, ahead=0)
+    real = api.request
+    calls = {"n": 0}
+
+    def flaky(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if "joblease-inbox-" in path and calls["n"] == 0:
+            calls["n"] += 1
+            raise UnavailableError(0, "Unavailable", "connection reset")
+        return real(method, path, *args, **kwargs)
+
+    api.request = flaky  # type: ignore[method-assign]
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) is None and dispatcher.counts.failed == 1
+    assert "the inbox of" in caplog.text
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a"] and dispatcher.counts.inbox_writes == 1
+
+
+def test_a_worker_that_reads_no_inbox_is_still_claimed_for() -> None:
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = dispatcher_over(api, {W1: 1}, InLine())  # W1 announced no inbox
+    dispatcher._dispatch()
+    assert dispatcher.counts.assigned == 1 and dispatcher.counts.proposed == 0
+    assert api.stored("ns", "a")["status"]["holder"] == W1

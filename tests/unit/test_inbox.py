@@ -1,0 +1,151 @@
+"""A worker's inbox (issue 30): what it reads, how it follows it, what a refusal changes.
+
+The inbox is written by the operator, but read as hostile input: any value, of any shape,
+yields a bounded tuple of well-formed proposals and never an exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from joblease.core.inbox import Inbox, inbox_name, read_inbox, write_inbox_steps
+from joblease.core.presence import INBOX_ANNOTATION, SLOTS_ANNOTATION, Presence, pool_key
+from joblease.core.steps import Call, Sleep, Watch
+from joblease.domain.dispatch import (
+    MAX_PROPOSALS,
+    PROPOSALS_ANNOTATION,
+    Proposal,
+    decode_proposals,
+    encode_proposals,
+)
+from joblease.kube.api import ForbiddenError, GoneError, UnavailableError
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda inner: st.lists(inner, max_size=4)
+                    | st.dictionaries(st.text(max_size=4), inner, max_size=4), max_leaves=20)
+
+
+@given(JSON)
+def test_any_json_value_decodes_to_well_formed_proposals_or_none(value: Any) -> None:
+    for raw in (value, json.dumps(value)):
+        out = decode_proposals(raw)
+        assert len(out) <= MAX_PROPOSALS
+        assert len({p.name for p in out}) == len(out)
+        assert all(p.name and p.resource_version.isdigit() for p in out)
+
+
+@given(st.lists(st.tuples(st.from_regex(r"[a-z0-9]([-a-z0-9]{0,20}[a-z0-9])?", fullmatch=True),
+                          st.integers(min_value=0).map(str)), max_size=80))
+def test_proposals_round_trip_in_order_first_of_each_name_and_at_most_the_cap(
+        entries: list[tuple[str, str]]) -> None:
+    proposals = [Proposal(name, rv) for name, rv in entries]
+    out = decode_proposals(encode_proposals(proposals))
+    first: dict[str, Proposal] = {}
+    for p in proposals:
+        first.setdefault(p.name, p)
+    assert list(out) == list(first.values())[:MAX_PROPOSALS]
+
+
+def test_names_that_are_no_object_names_and_bad_shapes_are_skipped() -> None:
+    raw = json.dumps([["ok", "1"], ["Bad_Name", "2"], ["x", "v3"], ["y"], "z", ["../etc", "4"],
+                      ["ok", "5"], ["fine.name", "6"]])
+    assert decode_proposals(raw) == (Proposal("ok", "1"), Proposal("fine.name", "6"))
+    assert decode_proposals("{not json") == () and decode_proposals(None) == ()
+    assert decode_proposals('{"a": 1}') == () and decode_proposals("[" * 5000) == ()
+
+
+def test_an_inbox_object_of_any_shape_reads_as_its_proposals_or_none() -> None:
+    good = {"metadata": {"annotations": {PROPOSALS_ANNOTATION: '[["a","1"]]'}}}
+    assert read_inbox(good) == (Proposal("a", "1"),)
+    for bad in (None, [], {"metadata": None}, {"metadata": {"annotations": []}},
+                {"metadata": {"annotations": {PROPOSALS_ANNOTATION: 7}}}):
+        assert read_inbox(bad) == ()
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.seen: list[tuple[Proposal, ...]] = []
+        self.refused = 0
+
+    def inbox(self, proposals: tuple[Proposal, ...]) -> None:
+        self.seen.append(proposals)
+
+    def inbox_refused(self) -> None:
+        self.refused += 1
+
+
+def inbox_object(version: str, *names: str) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": version, "annotations": {
+        PROPOSALS_ANNOTATION: encode_proposals(Proposal(n, "1") for n in names)}}}
+
+
+def test_the_inbox_is_read_then_watched_by_name_and_read_again_after_a_410() -> None:
+    inbox, sink = Inbox("ns", "team=batch", "w", watch_seconds=60), Sink()
+    steps = inbox.steps(sink)
+    read = steps.send(None)
+    assert isinstance(read, Call) and read.call.method == "GET"
+    assert read.call.query == {"fieldSelector": f"metadata.name={inbox.name}"}
+    watch = steps.send({"items": [inbox_object("5", "a")], "metadata": {"resourceVersion": "9"}})
+    assert isinstance(watch, Watch) and watch.query["resourceVersion"] == "9"
+    assert watch.query["fieldSelector"] == f"metadata.name={inbox.name}"
+    watch.on_event("MODIFIED", inbox_object("11", "b", "c"))
+    watch.on_event("BOOKMARK", {"metadata": {"resourceVersion": "12"}})
+    watch.on_event("DELETED", inbox_object("13"))
+    assert sink.seen == [(Proposal("a", "1"),), (Proposal("b", "1"), Proposal("c", "1")), ()]
+    assert inbox.events == 2
+    again = steps.send(None)  # the watch ended: resumed from the last version
+    assert isinstance(again, Watch) and again.query["resourceVersion"] == "13"
+    reread = steps.throw(GoneError(410, "Expired", "too old"))
+    assert isinstance(reread, Call) and reread.call.method == "GET"
+    pause = steps.throw(UnavailableError(0, "Unavailable", "reset"))
+    assert isinstance(pause, Sleep) and pause.seconds > 0
+
+
+def test_a_refused_inbox_is_emptied_and_the_worker_announces_it_reads_none() -> None:
+    inbox, sink = Inbox("ns", "team=batch", "w"), Sink()
+    steps = inbox.steps(sink)
+    steps.send(None)
+    with contextlib.suppress(StopIteration):
+        steps.throw(ForbiddenError(403, "Forbidden", "cannot watch leases"))
+    assert not inbox.enabled and sink.seen == [()] and sink.refused == 1
+    presence = Presence("ns", "team=batch", "w", slots=2)
+    assert _annotations(presence) == {SLOTS_ANNOTATION: "2", INBOX_ANNOTATION: "1"}
+    assert _annotations(presence) is None  # announced once, then only renewed
+    presence.stop_reading_inbox()
+    assert _annotations(presence) == {SLOTS_ANNOTATION: "2", INBOX_ANNOTATION: None}
+    assert _annotations(presence) is None
+
+
+def _annotations(presence: Presence) -> dict[str, Any] | None:
+    """The annotations one renewal of ``presence`` patches (``None``: none)."""
+    from joblease.domain.clock import ServerNow
+    from support.fakekube import T_NOW
+
+    steps = presence._renew_steps()
+    steps.send(None)
+    patch = steps.send(ServerNow.exact(T_NOW))
+    assert isinstance(patch, Call)
+    with contextlib.suppress(StopIteration):
+        steps.send({})
+    metadata = patch.call.body.get("metadata")
+    return None if metadata is None else dict(metadata["annotations"])
+
+
+def test_an_inbox_is_created_with_the_pools_label_an_inbox_role_and_no_renew_time() -> None:
+    steps = write_inbox_steps("ns", pool_key("team=batch"), "w", "the-operator",
+                              [Proposal("a", "3")])
+    patch = steps.send(None)
+    assert patch.call.method == "PATCH" and patch.call.body == {"metadata": {"annotations": {
+        PROPOSALS_ANNOTATION: '[["a","3"]]'}}}
+    from joblease.kube.api import NotFoundError
+    create = steps.throw(NotFoundError(404, "NotFound", "no inbox"))
+    body = create.call.body
+    assert body["metadata"]["name"] == inbox_name(pool_key("team=batch"), "w")
+    assert body["metadata"]["labels"] == {"joblease.dev/pool": pool_key("team=batch"),
+                                          "joblease.dev/role": "inbox"}
+    assert body["spec"] == {"holderIdentity": "the-operator"}  # no renewTime: no worker
