@@ -10,9 +10,10 @@ fixes of issue 15 land — mutmut refuses to start on a red suite).
 
 Usage: ``python -m tests.mutation.mutate [MODULE ...]`` where MODULE is one of
 ``domain``, ``transact``, ``sdk``, ``aio``, ``core``, or one client file alone,
-``sdk-client`` / ``aio-client``, or the files of the holdings / the pools, ``holds`` /
-``pools`` (default: the five modules). Prints one line per module and per file: killed /
-total and the score, then every survivor's name.
+``sdk-client`` / ``aio-client``, or the files of the holdings / the pools / the
+dispatcher's proposals, ``holds`` / ``pools`` / ``inbox`` (default: the five modules).
+Prints one line per module and per file: killed / total and the score, then every
+survivor's name.
 
 ``--recheck TEST ...`` runs the work tree's tests (pytest paths or node ids) against each
 survivor of the last run, one by one, with the staged mutants first on the path: what tests
@@ -50,6 +51,8 @@ TARGETS: dict[str, str | list[str]] = {
     # tests (2026-12-06, after they became thin drivers over core and domain.holder)
     "holds": ["src/joblease/sdk/hold.py", "src/joblease/sdk/async_holding.py",
               "src/joblease/aio/hold.py"],
+    # issue 30's proposals: the inbox and the dispatch rules, against their own tests
+    "inbox": ["src/joblease/core/inbox.py", "src/joblease/domain/dispatch.py"],
     "pools": ["src/joblease/sdk/pool.py", "src/joblease/aio/pool.py",
               "src/joblease/core/pool_engine.py", "src/joblease/core/dispatcher.py",
               "src/joblease/core/claiming.py", "src/joblease/core/scope.py"],

@@ -33,7 +33,7 @@ import pytest
 
 from joblease.aio import AsyncLeaseClient
 from joblease.aio.pool import AsyncPool
-from joblease.core.pool_engine import MIN_WAIT
+from joblease.core.pool_engine import MIN_WAIT, PROPOSAL_RETRY
 from joblease.core.presence import Presence
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.clock import ServerClock
@@ -946,3 +946,32 @@ def test_a_read_of_a_proposal_that_raises_hands_it_back_for_the_next_call(
     proposed(pool, "open")
     lease = pool.claim_next("w", timeout=0)
     assert lease is not None and lease.name == "open"
+
+
+def test_a_refused_proposal_is_read_again_after_a_second_and_a_claimed_one_never(
+        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proposal the worker could not claim (here: held by another in its read) stays in
+    the inbox; it is read again a second later, not at every call. One it claimed and
+    completed, still listed until the dispatcher's next write, is never read again."""
+    from datetime import timedelta
+
+    from support.fakekube import T_NOW
+
+    api = FakeKubeApi()
+    pool_job(api, "taken", {"phase": "Held", "holder": "other", "generation": 3, "epoch": 1,
+                            "claimId": "theirs",
+                            "leaseUntil": format_time(T_NOW + timedelta(seconds=30))})
+    pool_job(api, "open", {"phase": "Available", "generation": 0, "epoch": 1})
+    pool, _ = pool_over(kind, api, pools, monkeypatch, slots=1)
+    pool.engine.dispatcher_until = T_NOW + timedelta(seconds=60)
+    proposed(pool, "taken", "open")
+    lease = pool.claim_next("w", timeout=0)  # "taken" read and refused, then "open"
+    assert lease is not None and lease.name == "open"
+    lease.complete("done")
+    reads = writes(api).count(("GET", "jobleases"))
+    assert reads == 2
+    assert pool.claim_next("w", timeout=0) is None  # within the second: nothing read
+    assert writes(api).count(("GET", "jobleases")) == reads
+    api._monotonic += PROPOSAL_RETRY + 0.1
+    assert pool.claim_next("w", timeout=0) is None  # "taken" read again; "open" never
+    assert writes(api).count(("GET", "jobleases")) == reads + 1

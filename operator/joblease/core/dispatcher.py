@@ -254,6 +254,7 @@ class Dispatcher:
         self._dirty: set[str] = set()  # inboxes to write
         self._writing: set[str] = set()  # inboxes being written
         self._inboxes: set[str] = set()  # inboxes this dispatcher wrote (deleted when gone)
+        self._inbox_retry_at: dict[str, float] = {}  # worker → when a failed write may retry
         self.ahead, self.claim_within = ahead, claim_within
         self._stop = threading.Event()
         self.feed = LeaseFeed(store, namespace, selector, watch_seconds=watch_seconds)
@@ -439,7 +440,7 @@ class Dispatcher:
                 elif len(claims) < room:
                     self._flying[queued.job.name] = worker
                     claims.append((queued, worker))
-            writes = self._inbox_writes()
+            writes = self._inbox_writes(now)
             self.counts.rounds += 1
         for queued, worker in claims:
             self._executor.submit(self._claim, queued, worker, margin).add_done_callback(
@@ -459,12 +460,14 @@ class Dispatcher:
                    margin: timedelta, now: float) -> None:
         """Drop the proposals that no longer stand; an inbox changes only if one did not.
 
-        A proposal its worker took (the job Held by it) just leaves. One whose job is no
-        longer claimable (taken by another, finished) leaves too: the worker's read would
-        show it. One whose job is still claimable is *taken back* (its inbox rewritten):
-        when a better job pushed it out of the head of the queue, when its worker is no
-        longer live (or no longer reads an inbox), or when its worker had a free slot and
-        took none of its proposals for :attr:`claim_within` (then it is passed over).
+        A proposal its worker took (the job Held by it) just leaves. Any other leaves with
+        its worker's inbox rewritten: one whose job is no longer claimable (taken by
+        another, finished: rare, a race), and one *taken back* while still claimable — when
+        a better job pushed it out of the head of the queue, when its worker is no longer
+        live (or no longer reads an inbox), when it stayed unclaimed for
+        :attr:`claim_within` while its worker had a free slot (it is proposed afresh), or
+        when its worker had a free slot and took none of its proposals for that long (then
+        the worker is passed over).
         """
         current = {obs.name: obs for obs in self.view.in_order()}
         for worker in list(self.proposed):
@@ -477,8 +480,12 @@ class Dispatcher:
                 since = now
             late = now - since >= self.claim_within.total_seconds()
             gone = worker not in self._readers or worker in self.passed_over
+            free_from = self._free_since.get(worker)  # None: no free slot, nothing is due
+            fresh = {name: p for name, (p, at) in jobs.items()
+                     if free_from is None
+                     or now - max(at, free_from) < self.claim_within.total_seconds()}
             keep = {} if gone or late else proposals_to_keep(
-                {name: p for name, (p, _) in jobs.items()}, current, server_now, margin, wanted)
+                fresh, current, server_now, margin, wanted)
             for name in list(jobs):
                 if name in keep:
                     continue
@@ -486,8 +493,9 @@ class Dispatcher:
                 obs = current.get(name)
                 if obs is not None and obs.status.holder == worker:
                     self._active[worker] = now  # it took the job
-                elif self._claimable(obs, server_now, margin):
-                    self._dirty.add(worker)
+                    continue
+                self._dirty.add(worker)  # its inbox must stop proposing it
+                if self._claimable(obs, server_now, margin):
                     self.counts.taken_back += 1
             if late and worker not in self.passed_over:
                 self.passed_over[worker] = now + PASS_OVER_SECONDS
@@ -506,10 +514,14 @@ class Dispatcher:
         at = None if obs is None else claimable_at(obs, margin)
         return at is not None and now.earliest >= at
 
-    def _inbox_writes(self) -> list[tuple[str, list[Proposal] | None]]:
-        """The inboxes to write now (``None``: delete it), at most one write per worker."""
+    def _inbox_writes(self, now: float) -> list[tuple[str, list[Proposal] | None]]:
+        """The inboxes to write now (``None``: delete it), at most one write per worker.
+
+        An inbox whose last write failed waits :data:`RETRY_SECONDS` (no warning a round).
+        """
         writes: list[tuple[str, list[Proposal] | None]] = []
-        for worker in sorted(self._dirty - self._writing):
+        resting = {w for w, at in self._inbox_retry_at.items() if at > now}
+        for worker in sorted(self._dirty - self._writing - resting):
             jobs = self.proposed.get(worker, {})
             if worker not in self._live and not jobs:
                 writes.append((worker, None))
@@ -533,10 +545,12 @@ class Dispatcher:
             with self._lock:
                 self._writing.discard(worker)
                 self._dirty.add(worker)
+                self._inbox_retry_at[worker] = self.api.monotonic() + RETRY_SECONDS
                 self.counts.failed += 1
             return
         with self._lock:
             self._writing.discard(worker)
+            self._inbox_retry_at.pop(worker, None)
             self.counts.inbox_writes += 1
             if proposals is None:
                 self._inboxes.discard(worker)

@@ -69,6 +69,7 @@ MIN_WAIT = 0.01  # the least wait for a wake-up: an estimate that lands on "now"
 # the longest a worker that announced its slots waits for its presence's first list before
 # it lists the whole pool anyway (a presence that fails or is refused must not stop it)
 FIRST_PRESENCE_WAIT = 2.0
+PROPOSAL_RETRY = 1.0  # a proposal tried and still proposed is read again after this long
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +201,11 @@ class PoolEngine:
         self.presence: Presence | None = None
         self.inbox_feed: Inbox | None = None  # this worker's inbox, once announced with slots
         self.proposals: tuple[Proposal, ...] = ()  # what the inbox proposes now
-        self._tried: set[tuple[str, str]] = set()  # proposals read and claimed (or refused)
+        # proposals read and claimed (or refused) → when, on the engine's clock: one still
+        # proposed is read again after PROPOSAL_RETRY (a failed read, a clock that judged
+        # the job not yet claimable must not strand it)
+        self._tried: dict[tuple[str, str], float] = {}
+        self._taken: set[tuple[str, str]] = set()  # proposals this worker claimed: done
         self.changes = 0
         self.closed = False
         self._with_presence = presence
@@ -277,12 +282,15 @@ class PoolEngine:
     def inbox(self, proposals: tuple[Proposal, ...]) -> None:
         """The worker's inbox as just read (``InboxSink``): the jobs proposed to it, in order.
 
-        A proposal read once is not read again while the inbox still holds it (at that
-        version); one that left the inbox is forgotten.
+        A proposal claimed is not read again while the inbox still holds it (at that
+        version); one read and not claimed is read again after :data:`PROPOSAL_RETRY`;
+        one that left the inbox is forgotten.
         """
         with self._guard:
             self.proposals = proposals
-            self._tried &= {(p.name, p.resource_version) for p in proposals}
+            listed = {(p.name, p.resource_version) for p in proposals}
+            self._tried = {key: at for key, at in self._tried.items() if key in listed}
+            self._taken &= listed
             self._changed()
 
     def inbox_refused(self) -> None:
@@ -452,7 +460,8 @@ class PoolEngine:
             proposal = self._proposed(ask.who)
             if proposal is not None:
                 self._claiming.add(proposal.name)
-                self._tried.add((proposal.name, proposal.resource_version))
+                self._tried[(proposal.name, proposal.resource_version)] = (
+                    self.clock.monotonic())
                 return Propose(proposal)
             dispatched = self.dispatched(now)
             chosen = self.view.choose(ask.who, now, margin, ask.spread, exclude=self._claiming,
@@ -468,7 +477,7 @@ class PoolEngine:
             wake = self._until_wake(self.view.next_wake(now, margin))
             if dispatched:  # or to be given work, or for the dispatcher to lapse
                 wake = _least(wake, self._until_wake(self.dispatcher_until))
-            return Wait(_least(wake, left))
+            return Wait(_least(wake, left, self._proposal_retry()))
 
     def dispatched(self, now: ServerNow) -> bool:
         """Whether a live dispatcher gives this worker the jobs that opted in to it.
@@ -489,10 +498,13 @@ class PoolEngine:
         return None
 
     def _proposed(self, who: str) -> Proposal | None:
-        """The first proposal to this worker not yet tried, and not being claimed or held."""
+        """The first proposal to this worker not tried lately, not being claimed or held."""
+        now = self.clock.monotonic()
         for proposal in self.proposals:
-            if (proposal.name in self._claiming
-                    or (proposal.name, proposal.resource_version) in self._tried):
+            key = (proposal.name, proposal.resource_version)
+            tried = self._tried.get(key)
+            if proposal.name in self._claiming or key in self._taken or (
+                    tried is not None and now - tried < PROPOSAL_RETRY):
                 continue
             mine = self.view.get(proposal.name)
             if mine is not None and mine.status.holder == who and not mine.status.phase.finished:
@@ -500,15 +512,27 @@ class PoolEngine:
             return proposal
         return None
 
+    def _proposal_retry(self) -> float | None:
+        """Seconds until a proposal tried and still in the inbox may be read again."""
+        pending = [at for key, at in self._tried.items() if key not in self._taken]
+        if not pending:
+            return None
+        return max(MIN_WAIT, min(pending) + PROPOSAL_RETRY - self.clock.monotonic())
+
     def settle_proposal(self, proposal: Proposal, read: Observed | None,
                         outcome: L | Exception | None) -> L | None:
         """Fold a proposal's claim in (``read``: the job as read; ``None``: not in the pool).
 
-        As :meth:`settle`; a proposal that could not be read or was refused is not tried
-        again at that version (the dispatcher proposes it again if it still stands).
+        As :meth:`settle`; a proposal that could not be read or was refused is read again
+        after :data:`PROPOSAL_RETRY` while the inbox still proposes it at that version (a
+        read that failed; a job this worker's clock did not yet judge claimable).
         """
         if read is not None:
-            return self.settle(read, outcome)
+            won = self.settle(read, outcome)
+            if won is not None:
+                with self._guard:
+                    self._taken.add((proposal.name, proposal.resource_version))
+            return won
         with self._guard:
             self._claiming.discard(proposal.name)
             self._changed()
