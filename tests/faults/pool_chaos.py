@@ -48,6 +48,7 @@ from joblease.core.claiming import REFUSED as CLAIM_REFUSED  # noqa: E402
 from joblease.core.dispatcher import Dispatcher  # noqa: E402
 from joblease.core.transaction import Outcome  # noqa: E402
 from joblease.domain.dispatch import Queued  # noqa: E402
+from joblease.domain.lease import Observed  # noqa: E402
 from support.paths import REPO  # noqa: E402
 from support.waiting import retry, wait_for  # noqa: E402
 
@@ -370,6 +371,7 @@ class RecordedDispatcher(Dispatcher):
     """
 
     killed_ns: int | None = None
+    proposed_ns: dict[str, int]
 
     def recording(self, history: Path) -> RecordedDispatcher:
         def bounds() -> tuple[float, float]:
@@ -377,7 +379,14 @@ class RecordedDispatcher(Dispatcher):
             return now.earliest.timestamp() * 1000.0, now.latest.timestamp() * 1000.0
 
         self.recorder = Recorder(history / "dispatcher.jsonl", "dispatcher", bounds)
+        self.proposed_ns = {}
         return self
+
+    def _propose(self, job: Observed, worker: str, now: float) -> None:
+        """``Dispatcher._propose``, each job's first proposal time kept (the priority check:
+        a job is given out by its proposal; the worker's claim follows at its pace)."""
+        self.proposed_ns.setdefault(job.name, time.monotonic_ns())
+        super()._propose(job, worker, now)
 
     def _write_claim(self, queued: Queued, worker: str, margin: Any) -> Outcome:
         """``Dispatcher._write_claim``, each write recorded as a claim for ``worker``."""
@@ -485,7 +494,8 @@ def run_pool_chaos(env: FaultEnv, seed: int, plan: ChaosPlan) -> PoolReport:
     report = judge(env, "pool-chaos", seed, run_dir, faults=chaos.kills + chaos.pauses)
     final = _final_states(env, run)
     ops = load(run_dir / "history")
-    findings = pool_properties(ops, jobs, final, plan, _fence_rows(env.dsn, run))
+    findings = pool_properties(ops, jobs, final, plan, _fence_rows(env.dsn, run),
+                               given=None if dispatcher is None else dispatcher.proposed_ns)
     figures = _figures(ops, final, seconds)
     if dispatcher is not None:
         figures.update(_dispatch_figures(ops, dispatcher, chaos.killed_ns))
@@ -601,8 +611,12 @@ def _gen_of(o: Op) -> int:
 
 
 def pool_properties(ops: list[Op], jobs: list[JobSpec], final: dict[str, dict[str, Any]],
-                    plan: ChaosPlan, fence: dict[str, Any]) -> dict[str, list[str]]:
-    """Every broken pool promise, by property name (empty lists: all hold)."""
+                    plan: ChaosPlan, fence: dict[str, Any],
+                    given: dict[str, int] | None = None) -> dict[str, list[str]]:
+    """Every broken pool promise, by property name (empty lists: all hold).
+
+    ``given``: when a dispatcher first proposed each job (``time.monotonic_ns``).
+    """
     found: dict[str, list[str]] = {
         "finished": [], "one-completion": [], "fence": [], "backoff": [], "max-attempts": [],
         "priority": []}
@@ -628,7 +642,7 @@ def pool_properties(ops: list[Op], jobs: list[JobSpec], final: dict[str, dict[st
                 f"{claim.lease}: generation {claim.result['generation']} claimed by server "
                 f"time {claim.server_hi:.0f} ms, before the lost window's end {until:.0f} ms "
                 f"+ the backoff {initial_ms:.0f} ms")
-    found["priority"] = _check_priority(ops, jobs)
+    found["priority"] = _check_priority(ops, jobs, given)
     return found
 
 
@@ -691,12 +705,19 @@ def _check_failed_release_backoff(job: JobSpec, ops: list[Op], initial_ms: float
                        f"invoked at {rel.server_lo:.0f} ms")
 
 
-def _check_priority(ops: list[Op], jobs: list[JobSpec]) -> list[str]:
-    """No job's first claim was sent before every higher-priority job had been claimed.
+def _check_priority(ops: list[Op], jobs: list[JobSpec],
+                    given: dict[str, int] | None = None) -> list[str]:
+    """No job was given out before every higher-priority job had been given out.
+
+    A job is given out by its first claim, or, in a dispatched pool, by its first proposal
+    (``given``: the dispatcher's proposals, ``time.monotonic_ns`` as the history's).
 
     Why this holds: a worker chooses a lower priority only when no higher one is a
     candidate in its view — each is held, resting or finished, so a claim of it had been
-    sent already (all jobs were created and initialized before the workers started).
+    sent already (all jobs were created and initialized before the workers started). A
+    dispatcher proposes the head of the queue, in order; the workers then claim at their
+    own pace (a paused one holds its proposal until it is taken back), so two jobs proposed
+    together may be *claimed* in either order — which is why a proposal counts.
 
     A worker's threads choose one at a time (under the pool's lock) but record their claims
     when the claim is sent, so two of its claims sent together may be recorded in either
@@ -705,6 +726,7 @@ def _check_priority(ops: list[Op], jobs: list[JobSpec]) -> list[str]:
     recorded 2 ms apart in the other order).
     """
     priority = {j.name: j.priority for j in jobs}
+    proposed = given or {}
     first: dict[str, Op] = {}
     for o in ops:
         if o.op != "claim" or o.status == "refused" or o.lease not in priority:
@@ -713,10 +735,11 @@ def _check_priority(ops: list[Op], jobs: list[JobSpec]) -> list[str]:
             first[o.lease] = o
     out = []
     for low, low_op in first.items():
-        at = low_op.call_ns
-        ended = low_op.ret_ns if low_op.ret_ns is not None else at
+        at = min(low_op.call_ns, proposed.get(low, low_op.call_ns))
+        ended = low_op.ret_ns if low_op.ret_ns is not None else low_op.call_ns
         later = [high for high, o in first.items()
-                 if priority[high] > priority[low] and o.call_ns > at
+                 if priority[high] > priority[low]
+                 and min(o.call_ns, proposed.get(high, o.call_ns)) > at
                  and not (o.process == low_op.process and o.call_ns <= ended)]
         never = [j.name for j in jobs if j.priority > priority[low] and j.name not in first]
         if later or never:

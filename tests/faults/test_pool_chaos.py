@@ -92,3 +92,18 @@ def test_priority_check_allows_one_workers_concurrent_claims_in_either_order() -
     other = [_claim("w2.0", "low", 0, 5), _claim("w1.0", "high", 2, 6)]
     after = [_claim("w2.0", "low", 0, 5), _claim("w2.0", "high", 7, 9)]
     assert _check_priority(other, jobs) and _check_priority(after, jobs)
+
+
+@pytest.mark.unit
+def test_priority_check_counts_a_dispatchers_proposal_as_giving_the_job_out() -> None:
+    """CI run of 2026-12-06 (seed 35971): the dispatcher proposed a high and a low job
+    together, to two workers; the one with the high job was paused, so the low one was
+    claimed first. Proposed in order, that is the dispatched pool's promise kept; proposed
+    out of order, it is a finding."""
+    jobs = [JobSpec("low", 0, None), JobSpec("high", 10, None)]
+    claims = [_claim("w1.0", "low", 10, 15), _claim("w2.0", "high", 30, 35)]
+    assert _check_priority(claims, jobs)  # by claims alone: high was claimed later
+    in_order = {"high": 1_000_000, "low": 2_000_000}  # proposed at 1 and 2 ms
+    assert _check_priority(claims, jobs, in_order) == []
+    out_of_order = {"low": 1_000_000, "high": 2_000_000}
+    assert _check_priority(claims, jobs, out_of_order)
