@@ -241,6 +241,8 @@ def recheck(statuses: dict[str, str], modules: list[str], tests: list[str],
     wanted = {module.split("-")[0] for module in modules}
     if wanted & {"holds", "pools"}:
         wanted = {"sdk", "aio", "core"}
+    if "inbox" in wanted:  # core/inbox.py and domain/dispatch.py
+        wanted |= {"core", "domain"}
     survivors = sorted(n for n, s in statuses.items()
                        if s not in KILLED and module_of(n) in wanted and n.startswith(prefix))
     env = {**os.environ, "PYTHONPATH": str(STAGE / "mutants" / "src"),

@@ -149,3 +149,97 @@ def test_an_inbox_is_created_with_the_pools_label_an_inbox_role_and_no_renew_tim
     assert body["metadata"]["labels"] == {"joblease.dev/pool": pool_key("team=batch"),
                                           "joblease.dev/role": "inbox"}
     assert body["spec"] == {"holderIdentity": "the-operator"}  # no renewTime: no worker
+
+
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+
+
+def test_the_inbox_is_read_and_watched_at_the_leases_path_with_the_whole_query() -> None:
+    inbox, sink = Inbox("ns", "team=batch", "w", watch_seconds=60), Sink()
+    assert inbox.events == 0 and inbox.enabled
+    steps = inbox.steps(sink)
+    read = steps.send(None)
+    assert (read.call.method, read.call.path) == ("GET", LEASES)
+    watch = steps.send({"items": []})  # no inbox yet, and a list without metadata
+    assert sink.seen == [()]
+    assert (watch.path, watch.seconds) == (LEASES, 60)
+    assert watch.query == {"fieldSelector": f"metadata.name={inbox.name}",
+                           "resourceVersion": "", "allowWatchBookmarks": "true",
+                           "timeoutSeconds": "60"}
+    watch.on_event("ADDED", inbox_object("4", "a"))  # created: proposals at once
+    watch.on_event("MODIFIED", ["not", "an", "object"])  # any shape: read as none
+    assert sink.seen == [(), (Proposal("a", "1"),), ()]
+    assert steps.send(None).query["resourceVersion"] == "4"  # resumed where it was
+
+
+def test_failures_back_off_growing_and_a_good_watch_starts_the_count_over(
+        monkeypatch: Any) -> None:
+    import random
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # the jitter's top
+    inbox, sink = Inbox("ns", "team=batch", "w"), Sink()
+    steps = inbox.steps(sink)
+    steps.send(None)
+    lost = UnavailableError(0, "Unavailable", "reset")
+    pauses = [steps.throw(lost).seconds]
+    steps.send(None)  # the pause ends: read again
+    pauses.append(steps.throw(lost).seconds)
+    steps.send(None)
+    steps.send({"items": [], "metadata": {"resourceVersion": "5"}})  # read: then a watch
+    steps.send(None)  # the watch ended normally: failures start over
+    pauses.append(steps.throw(lost).seconds)
+    assert pauses == [0.2, 0.4, 0.2]
+
+
+def test_a_refused_inbox_says_whose_and_what_to_grant(caplog: Any) -> None:
+    import logging
+    inbox, sink = Inbox("ns", "team=batch", "w"), Sink()
+    steps = inbox.steps(sink)
+    steps.send(None)
+    with caplog.at_level(logging.WARNING, logger="joblease.core.inbox"), \
+            contextlib.suppress(StopIteration):
+        steps.throw(ForbiddenError(403, "Forbidden", "cannot watch leases"))
+    assert caplog.records and inbox.name in caplog.records[0].getMessage()
+    assert "grant watch on leases.coordination.k8s.io" in caplog.records[0].getMessage()
+
+
+def test_an_inbox_is_patched_at_its_path_and_deleted_there_a_missing_one_is_fine() -> None:
+    from joblease.core.inbox import delete_inbox_steps
+    from joblease.kube.api import MERGE_PATCH, NotFoundError
+    name = inbox_name(pool_key("team=batch"), "w")
+    steps = write_inbox_steps("ns", pool_key("team=batch"), "w", "op", [Proposal("a", "3")])
+    patch = steps.send(None)
+    assert (patch.call.path, patch.call.content_type) == (f"{LEASES}/{name}", MERGE_PATCH)
+    create = steps.throw(NotFoundError(404, "NotFound", "no inbox"))
+    assert (create.call.method, create.call.path, create.call.content_type) == (
+        "POST", LEASES, None)
+    assert create.call.body["metadata"]["annotations"] == {
+        PROPOSALS_ANNOTATION: '[["a","3"]]', "joblease.dev/worker": "w"}
+    assert create.call.body["kind"] == "Lease"
+    delete = delete_inbox_steps("ns", pool_key("team=batch"), "w")
+    call = delete.send(None)
+    assert (call.call.method, call.call.path) == ("DELETE", f"{LEASES}/{name}")
+    with contextlib.suppress(StopIteration):
+        delete.throw(NotFoundError(404, "NotFound", "gone"))  # not raised
+
+
+def test_a_proposed_job_is_read_by_name_within_the_pools_selector_only() -> None:
+    from joblease.core.inbox import read_proposed
+    from joblease.kube.leases import Page
+    from support.fakekube import lease_object
+
+    def answer(*items: Any) -> Any:
+        steps = read_proposed("ns", "team=batch", "job")
+        call = steps.send(None)
+        assert call.call.query == {"limit": "1", "labelSelector": "team=batch",
+                                   "fieldSelector": "metadata.name=job"}
+        try:
+            steps.send(Page(list(items), "7", ""))
+        except StopIteration as done:
+            return done.value
+        raise AssertionError("read_proposed asked for more")
+
+    assert answer() is None
+    assert answer(lease_object("other")) is None  # a name it did not ask for
+    assert answer({"metadata": {"name": "job"}}) is None  # unreadable: not a job to claim
+    obs = answer(lease_object("job", {"phase": "Available", "generation": 0}))
+    assert obs is not None and obs.name == "job"
