@@ -112,7 +112,7 @@ def test_a_refused_inbox_is_emptied_and_the_worker_announces_it_reads_none() -> 
     steps.send(None)
     with contextlib.suppress(StopIteration):
         steps.throw(ForbiddenError(403, "Forbidden", "cannot watch leases"))
-    assert not inbox.enabled and sink.seen == [()] and sink.refused == 1
+    assert inbox.enabled is False and sink.seen == [()] and sink.refused == 1
     presence = Presence("ns", "team=batch", "w", slots=2)
     assert _annotations(presence) == {SLOTS_ANNOTATION: "2", INBOX_ANNOTATION: "1"}
     assert _annotations(presence) is None  # announced once, then only renewed
@@ -243,3 +243,34 @@ def test_a_proposed_job_is_read_by_name_within_the_pools_selector_only() -> None
     assert answer({"metadata": {"name": "job"}}) is None  # unreadable: not a job to claim
     obs = answer(lease_object("job", {"phase": "Available", "generation": 0}))
     assert obs is not None and obs.name == "job"
+
+
+def test_at_most_the_cap_of_proposals_is_read_the_first_ones() -> None:
+    many = json.dumps([[f"job-{i:03d}", str(i)] for i in range(MAX_PROPOSALS + 36)])
+    out = decode_proposals(many)
+    assert [p.name for p in out] == [f"job-{i:03d}" for i in range(MAX_PROPOSALS)]
+
+
+def test_a_proposal_stands_while_its_job_is_claimable_on_the_servers_earliest_time() -> None:
+    """``proposals_to_keep`` judges a Held job by its end plus the margin, as a claim does:
+    kept from that instant on (not a moment later), not before it; and never a job that
+    is not among the wanted, nor one gone from the view."""
+    from datetime import timedelta
+
+    from joblease.domain.clock import ServerNow
+    from joblease.domain.dispatch import proposals_to_keep
+    from joblease.domain.errors import format_time
+    from joblease.domain.lease import Observed
+    from support.fakekube import T_NOW, lease_object
+
+    margin = timedelta(seconds=1)
+    ended = Observed.from_object(lease_object("ended", {
+        "phase": "Held", "holder": "gone", "generation": 1, "epoch": 1, "claimId": "c",
+        "leaseUntil": format_time(T_NOW - margin)}))
+    proposed = {"ended": Proposal("ended", "1"), "missing": Proposal("missing", "1")}
+    current = {"ended": ended}
+    assert proposals_to_keep(proposed, current, ServerNow.exact(T_NOW), margin,
+                             {"ended", "missing"}) == {"ended": Proposal("ended", "1")}
+    early = ServerNow.exact(T_NOW - timedelta(milliseconds=1))
+    assert proposals_to_keep(proposed, current, early, margin, {"ended"}) == {}
+    assert proposals_to_keep(proposed, current, ServerNow.exact(T_NOW), margin, set()) == {}
