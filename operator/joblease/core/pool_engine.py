@@ -499,12 +499,11 @@ class PoolEngine:
 
     def _proposed(self, who: str) -> Proposal | None:
         """The first proposal to this worker not tried lately, not being claimed or held."""
-        now = self.clock.monotonic()
         for proposal in self.proposals:
             key = (proposal.name, proposal.resource_version)
             tried = self._tried.get(key)
             if proposal.name in self._claiming or key in self._taken or (
-                    tried is not None and now - tried < PROPOSAL_RETRY):
+                    tried is not None and self.clock.monotonic() - tried < PROPOSAL_RETRY):
                 continue
             mine = self.view.get(proposal.name)
             if mine is not None and mine.status.holder == who and not mine.status.phase.finished:
