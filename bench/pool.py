@@ -497,18 +497,22 @@ def _floor_real(cluster: Any, kubeconfig: str, namespace: str, names: list[str],
 def _watch_events(cluster: Any) -> float:
     """Watch events kube-apiserver sent for JobLeases, all watchers together
     (``apiserver_watch_events_total``: one per event per watch)."""
-    names = {"jobleases", "JobLease", "jobleases.joblease.dev"}
-    return sum(v for labels, v in apiserver_metric(cluster, "apiserver_watch_events_total")
-               if names & set(labels.values()))
+    return _watch_event_totals(cluster)[0]
 
 
-def _lease_watch_events(cluster: Any) -> float:
-    """Watch events kube-apiserver sent for ``coordination.k8s.io`` Leases (presence records,
-    the dispatcher's record, the workers' inboxes), all watchers together: what proposing
-    costs besides the JobLease events."""
-    return sum(v for labels, v in apiserver_metric(cluster, "apiserver_watch_events_total")
-               if "coordination.k8s.io" in labels.values()
-               and {"leases", "Lease"} & set(labels.values()))
+def _watch_event_totals(cluster: Any) -> tuple[float, float]:
+    """Watch events sent for JobLeases, and for ``coordination.k8s.io`` Leases (presence
+    records, the dispatcher's record, the workers' inboxes: what proposing costs besides
+    the JobLease events), all watchers together, from one scrape."""
+    jobleases = {"jobleases", "JobLease", "jobleases.joblease.dev"}
+    totals = [0.0, 0.0]
+    for labels, v in apiserver_metric(cluster, "apiserver_watch_events_total"):
+        values = set(labels.values())
+        if jobleases & values:
+            totals[0] += v
+        elif "coordination.k8s.io" in values and {"leases", "Lease"} & values:
+            totals[1] += v
+    return totals[0], totals[1]
 
 
 # -- drain -------------------------------------------------------------------------------
@@ -638,7 +642,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     progress(f"pool: created {jobs} jobs in {time.monotonic() - t0:.1f} s (untimed)")
     selector = _selector(label)
     before = apiserver_requests(cluster)
-    events, lease_events = _watch_events(cluster), _lease_watch_events(cluster)
+    events, lease_events = _watch_event_totals(cluster)
     started = time.monotonic()
 
     printed = [started]
@@ -667,8 +671,8 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     wall = time.monotonic() - started
     cpu = _children_cpu() - cpu  # the workers, their commands and sentinels, start-up included
     after = apiserver_requests(cluster)
-    events = _watch_events(cluster) - events
-    lease_events = _lease_watch_events(cluster) - lease_events
+    events_after, lease_events_after = _watch_event_totals(cluster)
+    events, lease_events = events_after - events, lease_events_after - lease_events
     items = [Observed.from_object(o) for o in list_leases(api, namespace)
              if (o["metadata"].get("labels") or {}) == label]
     figures = drain_figures(items, workers)
@@ -809,8 +813,8 @@ def _claim_latency(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, 
         if dispatch is not None:  # how many streams a worker opens is the product's business
             _settle_watches(cluster, pool, timeout=30)
         time.sleep(1.0)  # settled: every worker's first list, calibration and presence done
-        before, events = apiserver_requests(cluster), _watch_events(cluster)
-        lease_events = _lease_watch_events(cluster)
+        before = apiserver_requests(cluster)
+        events, lease_events = _watch_event_totals(cluster)
         names = [f"paced-{'' if dispatch is None else 'd-'}{i:04d}" for i in range(jobs)]
         # the 409s of the first and the second half apart: workers started together learn
         # each other's presence within their first seconds (warm-up lists, then every 5 s)
@@ -820,8 +824,9 @@ def _claim_latency(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, 
                                 spec=spec, labels=label)
         started = _wait_marks(marks, names, timeout=30 + 2 * jobs / rate)
         time.sleep(0.5)  # the completions' events
-        after, events = apiserver_requests(cluster), _watch_events(cluster) - events
-        lease_events = _lease_watch_events(cluster) - lease_events
+        after = apiserver_requests(cluster)
+        events_after, lease_events_after = _watch_event_totals(cluster)
+        events, lease_events = events_after - events, lease_events_after - lease_events
         items = [o for o in map(Observed.from_object, list_leases(api, namespace))
                  if o.name in arrived]
         acquired = {o.name: o.status.acquire_time.timestamp() for o in items

@@ -71,7 +71,7 @@ from joblease.domain.dispatch import (
     proposals_to_keep,
 )
 from joblease.domain.holder import ClaimDecider
-from joblease.domain.lease import Observed, claimable_at, dispatch_claim_id
+from joblease.domain.lease import Observed, claimable_now, dispatch_claim_id
 from joblease.domain.pool import PoolView
 from joblease.kube.api import MERGE_PATCH, ApiError, ConflictError, NotFoundError
 from joblease.kube.identity import new_claim_id
@@ -469,7 +469,6 @@ class Dispatcher:
         when its worker had a free slot and took none of its proposals for that long (then
         the worker is passed over).
         """
-        current = {obs.name: obs for obs in self.view.in_order()}
         for worker in list(self.proposed):
             jobs = self.proposed[worker]
             if held[worker] < self._slots.get(worker, 0):  # a free slot: the clock runs
@@ -485,17 +484,17 @@ class Dispatcher:
                      if free_from is None
                      or now - max(at, free_from) < self.claim_within.total_seconds()}
             keep = {} if gone or late else proposals_to_keep(
-                fresh, current, server_now, margin, wanted)
+                fresh, self._unfinished, server_now, margin, wanted)
             for name in list(jobs):
                 if name in keep:
                     continue
                 del jobs[name]
-                obs = current.get(name)
+                obs = self._unfinished(name)
                 if obs is not None and obs.status.holder == worker:
                     self._active[worker] = now  # it took the job
                     continue
                 self._dirty.add(worker)  # its inbox must stop proposing it
-                if self._claimable(obs, server_now, margin):
+                if obs is not None and claimable_now(obs, server_now, margin):
                     self.counts.taken_back += 1
             if late and worker not in self.passed_over:
                 self.passed_over[worker] = now + PASS_OVER_SECONDS
@@ -509,10 +508,10 @@ class Dispatcher:
         for worker in self._inboxes - self._live:
             self._dirty.add(worker)  # gone: its inbox is deleted
 
-    @staticmethod
-    def _claimable(obs: Observed | None, now: ServerNow, margin: timedelta) -> bool:
-        at = None if obs is None else claimable_at(obs, margin)
-        return at is not None and now.earliest >= at
+    def _unfinished(self, name: str) -> Observed | None:
+        """The unfinished cached job ``name`` (one ``view.in_order`` yields), or ``None``."""
+        obs = self.view.get(name)
+        return None if obs is None or obs.status.phase.finished else obs
 
     def _inbox_writes(self, now: float) -> list[tuple[str, list[Proposal] | None]]:
         """The inboxes to write now (``None``: delete it), at most one write per worker.

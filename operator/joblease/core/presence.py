@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -193,11 +194,10 @@ class Presence:
             yield Call(LeaseCall("PATCH", f"{self._path}/{self.name}", _raw,
                                  body=patch, content_type=MERGE_PATCH))
         except NotFoundError:
+            announced = {k: v for k, v in annotations.items() if v is not None}
             body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                     "metadata": {"name": self.name, "labels": {POOL_LABEL: self.pool},
-                                 **({"annotations": kept} if (kept := {
-                                     k: v for k, v in annotations.items() if v is not None})
-                                    else {})},
+                                 **({"annotations": announced} if announced else {})},
                     "spec": {**spec, "acquireTime": spec["renewTime"]}}
             yield Call(LeaseCall("POST", self._path, _raw, body=body))
         self.counts.renewals += 1
@@ -234,15 +234,11 @@ def live_records(items: list[dict[str, Any]]) -> dict[str, datetime]:
 def announced_slots(items: list[dict[str, Any]]) -> dict[str, int]:
     """``{holder: slots}`` of the listed worker records that announce their slots."""
     slots: dict[str, int] = {}
-    for item in items:
-        if role(item) is not None or not isinstance(item, dict):
-            continue
-        read = record_until(item)
-        annotations = (item.get("metadata") or {}).get("annotations") or {}
-        value = annotations.get(SLOTS_ANNOTATION) if isinstance(annotations, dict) else None
+    for holder, notes in _worker_annotations(items):
+        value = notes.get(SLOTS_ANNOTATION)
         try:
-            if read is not None and value is not None:
-                slots[read[0]] = max(0, int(value))
+            if value is not None:
+                slots[holder] = max(0, int(value))
         except (TypeError, ValueError):
             continue
     return slots
@@ -250,16 +246,19 @@ def announced_slots(items: list[dict[str, Any]]) -> dict[str, int]:
 
 def inbox_readers(items: list[dict[str, Any]]) -> set[str]:
     """The listed workers that read proposals from their inbox (the others adopt claims)."""
-    readers: set[str] = set()
+    return {holder for holder, notes in _worker_annotations(items)
+            if notes.get(INBOX_ANNOTATION) == "1"}
+
+
+def _worker_annotations(items: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(holder, annotations)`` of each readable worker record listed (no role label)."""
     for item in items:
         if role(item) is not None or not isinstance(item, dict):
             continue
         read = record_until(item)
-        annotations = (item.get("metadata") or {}).get("annotations")
-        if (read is not None and isinstance(annotations, dict)
-                and annotations.get(INBOX_ANNOTATION) == "1"):
-            readers.add(read[0])
-    return readers
+        annotations = (item.get("metadata") or {}).get("annotations") or {}
+        if read is not None and isinstance(annotations, dict):
+            yield read[0], annotations
 
 
 def dispatcher_until(items: list[dict[str, Any]]) -> datetime | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from joblease.domain.clock import ServerNow
-from joblease.domain.lease import LeaseStatus, Observed, claimable_at, unadopted
+from joblease.domain.lease import LeaseStatus, Observed, claimable_now, unadopted
 
 ADOPT_WITHIN = timedelta(seconds=10)  # an assignment left unadopted longer is taken back
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")  # an object name (RFC 1123)
@@ -95,8 +95,7 @@ def _queue(in_order: Iterable[Observed], now: ServerNow, margin: timedelta,
     for obs in in_order:
         if obs.name in skip or obs.spec.dispatch_to is None:
             continue  # in flight, refused, or not opted in (workers take it by turns)
-        at = claimable_at(obs, margin)
-        if at is not None and now.earliest >= at:
+        if claimable_now(obs, now, margin):
             yield Queued(obs)
         elif overdue(obs.status, now, live, adopt_within):
             yield Queued(obs, reassign=True)
@@ -198,29 +197,26 @@ def decode_proposals(value: object) -> tuple[Proposal, ...]:
     return tuple(out)
 
 
-def proposals_to_keep(proposed: Mapping[str, Proposal], current: Mapping[str, Observed],
+def proposals_to_keep(proposed: Mapping[str, Proposal], current: Callable[[str], Observed | None],
                       now: ServerNow, margin: timedelta, wanted: Collection[str]
                       ) -> dict[str, Proposal]:
     """Which of a worker's outstanding proposals still stand (the rest are taken back).
 
-    A proposal stands while its job is still claimable now (``claimable_at``) and among the
+    A proposal stands while its job is still claimable now (``claimable_now``) and among the
     ``wanted`` ones (the head of the queue the dispatcher would give out now: a job that a
     better one pushed out of that head is taken back, so an urgent job is proposed at once).
     Its version follows the job's (a change that left it claimable).
 
     Args:
         proposed: The worker's outstanding proposals, by job name.
-        current: The dispatcher's view of the pool, by name.
+        current: The job of a name in the dispatcher's view (``PoolView.get``).
         now: The server's time now.
         margin: The claims' clock margin.
         wanted: The jobs the dispatcher would have out now.
     """
     kept: dict[str, Proposal] = {}
     for name in proposed:
-        obs = current.get(name)
-        if obs is None or name not in wanted:
-            continue
-        at = claimable_at(obs, margin)
-        if at is not None and now.earliest >= at:
+        obs = current(name)
+        if obs is not None and name in wanted and claimable_now(obs, now, margin):
             kept[name] = Proposal(name, obs.resource_version)
     return kept

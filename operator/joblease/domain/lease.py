@@ -355,13 +355,13 @@ DISPATCH_CLAIM_PREFIX = "dispatch-"  # a dispatcher's claim ids (docs/pools.md, 
 # write it; nothing is decided by it), so that `kubectl get` and the bench tell a claim
 # made on a proposal from one made by turns
 PROPOSED_CLAIM_PREFIX = "proposed-"
+ADOPTION_STEP = timedelta(milliseconds=1)  # the stored times' resolution
 
 
 def dispatched_claim(claim_id: str | None) -> bool:
     """Whether ``claim_id`` is a claim made through a dispatcher (claimed for, or proposed)."""
     return bool(claim_id) and str(claim_id).startswith(
         (DISPATCH_CLAIM_PREFIX, PROPOSED_CLAIM_PREFIX))
-ADOPTION_STEP = timedelta(milliseconds=1)  # the stored times' resolution
 
 
 def dispatch_claim_id(claim_id: str) -> str:
@@ -474,6 +474,12 @@ def claimable_at(obs: Observed, margin: timedelta) -> datetime | None:
         at = expiry_at(st.lease_until, margin) if st.lease_until else EARLIEST_TIME
     rest_until = not_before(obs)
     return max(at, rest_until) if rest_until is not None else at
+
+
+def claimable_now(obs: Observed, now: ServerNow, margin: timedelta) -> bool:
+    """Whether a claim of the cached ``obs`` may succeed by the server's earliest time now."""
+    at = claimable_at(obs, margin)
+    return at is not None and now.earliest >= at
 
 
 def decide_renew(obs: Observed, claim: Claim, now: ServerNow, margin: timedelta) -> Transition:
