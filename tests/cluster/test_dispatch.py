@@ -20,6 +20,7 @@ from test_pool import create, delivering, open_pool, synced_pool  # noqa: F401  
 
 from joblease.core.dispatcher import Dispatcher
 from joblease.core.presence import INBOX_ANNOTATION, PATH, Presence
+from joblease.core.scope import Scope
 from joblease.core.steps import SyncPort, drive
 from joblease.domain.lease import (
     DISPATCH_CLAIM_PREFIX,
@@ -176,6 +177,51 @@ def test_a_dead_assignee_of_an_earlier_version_loses_its_claim_without_an_attemp
     # failed the job, and the backoff would have made it rest for a minute)
     assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 2, 0)
     assert dispatcher.counts.reassigned == 1
+
+
+def grant_all_but_watching_leases(cluster: Any, namespace: str, user: str) -> None:
+    """``user`` may do anything to JobLeases and Leases in ``namespace`` except watch Leases:
+    a worker role written before inboxes (issue 30 added ``watch`` on leases)."""
+    subject = cluster.rbac_subject(user)
+    who = (f"--user={subject['name']}" if subject["kind"] == "User"
+           else f"--serviceaccount={subject.get('namespace')}:{subject['name']}")
+    for role, verbs, resources in (
+            ("jl-all", "*", "jobleases.joblease.dev,jobleases.joblease.dev/status"),
+            ("leases-no-watch", "get,list,create,update,patch,delete",
+             "leases.coordination.k8s.io")):
+        made = cluster.kubectl("create", "role", role, "-n", namespace, f"--verb={verbs}",
+                               f"--resource={resources}")
+        assert made.returncode == 0, made.stderr
+        bound = cluster.kubectl("create", "rolebinding", role, "-n", namespace,
+                                f"--role={role}", who)
+        assert bound.returncode == 0, bound.stderr
+
+
+def test_a_worker_refused_its_inbox_watches_its_own_jobs_and_adopts_what_is_claimed_for_it(
+        cluster: Any, open_pool: Callable[..., Any], leases: LeaseClient,
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    """A worker that reads its inbox does not watch ``status.holder=<itself>`` (the echo of
+    its own writes). Refused its inbox by RBAC (no ``watch`` on Leases), it announces that it
+    reads none and a dispatcher claims *for* it: it must watch its own jobs again to see
+    those claims, or the job would wait, held for a live worker that never runs it."""
+    grant_all_but_watching_leases(cluster, leases.namespace, "alice")
+    w1 = worker(leases)
+    pool = open_pool(slots=1, user="alice")
+    announced(pool, w1)
+    dispatcher = dispatchers()
+    wait_for(lambda: dispatched(pool), 10, "the worker to see the dispatcher")
+    wait_for(lambda: pool.scope == Scope(w1), 10, "its own jobs watched again")
+    assert not pool.presence.reads_inbox
+    assert pool.engine.inbox_feed is not None and not pool.engine.inbox_feed.enabled
+    wait_for(lambda: dispatcher.workers().get(w1) is False, 10,
+             "the dispatcher to read that it reads no inbox")
+    create(leases, "job", dispatch=OPT_IN)
+    lease = pool.claim_next(w1, timeout=10)
+    assert lease is not None and lease.name == "job"
+    assert lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # claimed for it, adopted
+    lease.complete("adopted")
+    status = leases.get("job").status
+    assert (status.phase, status.holder, status.attempts) == (Phase.COMPLETED, w1, 0)
 
 
 def test_the_operator_dispatches_the_pools_it_is_told_to(

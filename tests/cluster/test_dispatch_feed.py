@@ -4,7 +4,8 @@ While the pool's dispatcher record lives, a worker that announced its slots list
 watches two parts of the pool only (``joblease.core.scope``): ``status.holder=<itself>`` and
 ``spec.dispatch.enabled!=true``. Tried here, each against both pools (``open_pool``):
 what ``!=true`` matches (an absent field, ``false``) and what it does not (``true``); the
-narrow feed sees its own assignment and a job that did not opt in, and decodes **no** event
+narrow feed (a worker that reads its inbox watches only the second: the first would echo
+its own writes) sees its own proposals and a job that did not opt in, and decodes **no** event
 of another worker's jobs (``pool.events``, the engine's counter, against a worker that
 watches the whole pool); a job deleted and re-created while narrow; the dispatcher killed
 → the worker's view becomes the whole pool within the record's lifetime and it completes an
@@ -39,8 +40,13 @@ def listed(leases: LeaseClient, fields: str) -> list[str]:
     return sorted(obs.name for obs in items)
 
 
+def narrowed(pool: Any, holder: str) -> Scope:
+    """The narrow scope of ``pool``'s worker: without its own jobs while it reads its inbox."""
+    return Scope(holder, own=not pool.presence.reads_inbox)
+
+
 def narrow(pool: Any, holder: str) -> None:
-    wait_for(lambda: pool.scope == Scope(holder), 10, "the worker's view to narrow")
+    wait_for(lambda: pool.scope == narrowed(pool, holder), 10, "the worker's view to narrow")
 
 
 def test_not_true_matches_an_absent_field_and_false_never_true(leases: LeaseClient) -> None:
@@ -90,7 +96,7 @@ def test_the_narrow_feed_sees_its_own_and_the_plain_jobs_and_no_event_of_another
             assert lease is not None
             assert not lease.claim_id.startswith(DISPATCH_CLAIM_PREFIX)  # both its own claims
             lease.complete("done")
-        assert pool.scope == Scope(w1) and pool.conflicts == 0
+        assert pool.scope == Scope(w1, own=False) and pool.conflicts == 0  # reads its inbox
         assert pool.engine.inbox_feed is not None and pool.engine.inbox_feed.events >= 1
     finally:
         other.close()
@@ -142,7 +148,9 @@ def test_the_dispatcher_killed_the_view_is_whole_again_and_narrow_once_it_is_bac
     lease.complete("by turns")
     dispatchers(record_seconds=RECORD_SECONDS)  # a new replica takes the lapsed record over
     narrow(pool, w1)
-    assert pool.view.get("held-across") is not None
+    # a worker that reads its inbox does not watch its own opted-in jobs (no echo of its
+    # writes): the job leaves the view, and the holding goes on regardless
+    assert pool.scope == Scope(w1, own=False) and pool.view.get("held-across") is None
     held.complete("held across two switches")
     status = leases.get("held-across").status
     assert (status.phase, status.generation, status.attempts) == (Phase.COMPLETED, 1, 0)
@@ -168,4 +176,4 @@ def test_a_narrow_worker_told_until_empty_stops_once_the_dispatcher_counts_none_
     leases.store.delete_if_unchanged(leases.get("someone-elses"))
     wait_for(lambda: pool.engine.pool_unfinished == 0, 10, "the dispatcher's count of 0")
     assert pool.claim_next(w1, timeout=30, until_empty=True) is None and pool.unfinished() == 0
-    assert pool.scope == Scope(w1)
+    assert pool.scope == Scope(w1, own=False)

@@ -143,17 +143,17 @@ def delivering(pool: Any, admin: LeaseClient, selector: str) -> None:
 def open_pool(request: pytest.FixtureRequest, cluster: Any,
               make_client: Callable[..., LeaseClient], namespace: str
               ) -> Iterator[Callable[..., Any]]:
-    """Open a pool of the parametrised kind, each with a client of its own, listed already;
-    every pool opened is closed after the test."""
+    """Open a pool of the parametrised kind, each with a client of its own (as ``user``),
+    listed already; every pool opened is closed after the test."""
     opened: list[Any] = []
     admin = make_client()
 
-    def open_pool(selector: str = "pool=p", **kwargs: Any) -> Any:
+    def open_pool(selector: str = "pool=p", user: str = "admin", **kwargs: Any) -> Any:
         pool: Any
         if request.param == "sync":
-            pool = synced_pool(make_client(), selector, **kwargs)
+            pool = synced_pool(make_client(user), selector, **kwargs)
         else:
-            pool = BlockingAsyncPool(str(cluster.kubeconfig_for("admin")), namespace, selector,
+            pool = BlockingAsyncPool(str(cluster.kubeconfig_for(user)), namespace, selector,
                                      **kwargs)
             pool.unfinished()  # the first list has arrived
         opened.append(pool)

@@ -115,12 +115,16 @@ class Clock:
         return ServerNow.exact(T_NOW + timedelta(seconds=self.now - 100.0))
 
 
-def narrowable(slots: int | None = 2) -> tuple[PoolEngine, Clock]:
-    """An engine whose worker ``w`` announced ``slots`` (its presence is not run here)."""
+def narrowable(slots: int | None = 2, *, inbox: bool = False) -> tuple[PoolEngine, Clock]:
+    """An engine whose worker ``w`` announced ``slots`` (its presence is not run here).
+
+    ``inbox``: it reads its inbox (proposals); else it adopts what is claimed for it.
+    """
     clock = Clock()
     engine = PoolEngine("ns", "team=batch", PoolClock(clock, clock.server_now),  # type: ignore[arg-type]
                         slots=slots)
     engine.presence = Presence("ns", "team=batch", "w", slots=slots)
+    engine.presence.reads_inbox = inbox and slots is not None
     return engine, clock
 
 
@@ -137,6 +141,33 @@ def test_narrow_only_while_the_record_lives_and_only_for_a_worker_who_announced_
     assert unannounced.wanted_scope() == FULL  # never given work: it lists the pool at once
     unannounced.dispatcher(T_NOW + timedelta(seconds=10))
     assert unannounced.wanted_scope() == FULL  # never given work: it must see the whole pool
+
+
+def test_a_worker_reading_its_inbox_watches_no_echo_of_its_own_writes() -> None:
+    """Issue 30's events per job: a worker that claims from proposals does not watch
+    ``status.holder=<itself>`` (each of its claims and completions came back to it as an
+    event, 2 of a drained job's 6); only the jobs it takes by turns."""
+    engine, _ = narrowable(inbox=True)
+    engine.dispatcher(T_NOW + timedelta(seconds=10))
+    scope = engine.wanted_scope()
+    assert scope == Scope("w", own=False) and scope.narrow
+    assert scope.fields() == (NOT_DISPATCHED,)
+    assert Scope("w").fields()[0] == "status.holder=w"  # an adopter still watches its own
+
+
+def test_a_refused_inbox_watches_its_own_jobs_again_before_the_dispatcher_claims_for_it(
+        ) -> None:
+    """Refused its inbox (no ``watch`` on Leases), a worker is claimed *for* once its
+    presence says so; it must see those claims: its scope changes at once, and the drivers
+    are woken (the engine's change count moves) to switch feeds."""
+    engine, _ = narrowable(inbox=True)
+    engine.dispatcher(T_NOW + timedelta(seconds=10))
+    assert engine.wanted_scope() == Scope("w", own=False)
+    changes = engine.changes
+    engine.inbox_refused()
+    assert engine.changes > changes
+    assert engine.wanted_scope() == Scope("w") and len(Scope("w").fields()) == 2
+    assert engine.presence is not None and not engine.presence.reads_inbox
 
 
 def test_a_worker_that_may_be_dispatched_lists_nothing_before_its_presence_answers() -> None:

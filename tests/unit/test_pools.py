@@ -730,10 +730,12 @@ def test_an_adoption_that_raises_hands_the_job_back_for_the_next_call(
     assert again is not None and again.name == "mine"
 
 
+@pytest.mark.parametrize("inbox", [False, True], ids=["adopter", "inbox"])
 def test_a_dispatched_worker_watches_only_its_own_part_and_the_whole_pool_once_it_lapses(
-        kind: str, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
+        kind: str, inbox: bool, pools: list[Any], monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch of scope in both drivers (issue 30): new feeds, the old ones stopped, and
-    the job held across both switches never out of view."""
+    the job held across both switches never out of view. A worker that reads its inbox runs
+    one narrow stream (no echo of its own writes), an adopter two."""
     from datetime import timedelta
 
     from joblease.core.scope import FULL, Scope
@@ -744,21 +746,24 @@ def test_a_dispatched_worker_watches_only_its_own_part_and_the_whole_pool_once_i
     assert pool.claim_next("w", timeout=0) is not None  # an answer: the server's time known
     engine = pool.real.engine
     engine.presence = Presence("ns", "team=batch", "w", slots=1)  # announced (not run here)
+    engine.presence.reads_inbox = inbox
+    scope = Scope("w", own=not inbox)
     pool.on_loop(lambda: engine.dispatcher(T_NOW + timedelta(hours=1)))
-    narrow = [started(pool.feeds, 2), started(pool.feeds, 3)]
-    assert [feed.fields for feed in narrow] == list(Scope("w").fields())
+    narrow = [started(pool.feeds, 2 + i) for i in range(len(scope.fields()))]
+    assert [feed.fields for feed in narrow] == list(scope.fields())
+    assert len(narrow) == (1 if inbox else 2)
     deadline = time.monotonic() + 5
-    while pool.real.scope != Scope("w"):
+    while pool.real.scope != scope:
         assert time.monotonic() < deadline, "the view never became the narrow scope's"
         time.sleep(0.01)
     assert first.stopped.wait(5) and pool.real.view.get("held") is not None
     pool.on_loop(lambda: engine.dispatcher(None))  # the record is gone: turns, the whole pool
-    whole = started(pool.feeds, 4)
+    whole = started(pool.feeds, 2 + len(narrow))
     assert whole.fields is None and all(feed.stopped.wait(5) for feed in narrow)
     while pool.real.scope != FULL or engine.scopes != 3:
         assert time.monotonic() < deadline + 5, "the view never became the whole pool's"
         time.sleep(0.01)
-    assert pool.real.view.get("held") is not None and len(pool.feeds) == 4
+    assert pool.real.view.get("held") is not None and len(pool.feeds) == 2 + len(narrow)
 
 
 def test_a_worker_that_may_be_dispatched_lists_nothing_until_its_presence_answers(

@@ -323,6 +323,14 @@ class Dispatcher:
         with self._lock:
             self.view.bookmark(resource_version)
 
+    def workers(self) -> dict[str, bool]:
+        """The live workers as last listed, each with whether it reads its inbox.
+
+        ``False``: it is claimed *for*, and adopts (an earlier version, or refused its inbox).
+        """
+        with self._lock:
+            return {who: who in self._readers for who in self._live}
+
     def trouble(self, error: ApiError) -> None:
         """A list or watch failed (the feed retries)."""
         log.warning("dispatcher of %r: list/watch failed (%s); retrying", self.selector, error)

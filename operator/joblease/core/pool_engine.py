@@ -294,10 +294,15 @@ class PoolEngine:
             self._changed()
 
     def inbox_refused(self) -> None:
-        """The inbox was refused: presence announces that this worker reads none."""
+        """The inbox was refused: presence announces that this worker reads none.
+
+        The feed watches the worker's own jobs again at once (:meth:`wanted_scope`), before
+        a dispatcher reads that announcement and claims for it.
+        """
         with self._guard:
             if self.presence is not None:
                 self.presence.stop_reading_inbox()
+            self._changed()
 
     # -- the feed's scope (issue 30: a dispatched worker watches only its own jobs) ----------
 
@@ -305,7 +310,9 @@ class PoolEngine:
         """What the feed should list and watch now (``joblease.core.scope``).
 
         Narrow while this worker is dispatched (:meth:`dispatched`: it announced its slots,
-        and the dispatcher's record is live on the server's earliest time); the whole pool
+        and the dispatcher's record is live on the server's earliest time), without its own
+        jobs while it reads its inbox (:attr:`Scope.own`: from the instant the inbox is
+        refused, before its presence says so, they are watched again); the whole pool
         otherwise — before the first claim names the worker, and from the instant the
         record lapses, since taking turns needs the whole view.
         """
@@ -319,7 +326,7 @@ class PoolEngine:
                 return FULL
             if not self.dispatched(self.clock.server_now()):
                 return FULL
-            return Scope(presence.holder)
+            return Scope(presence.holder, own=not presence.reads_inbox)
 
     def _awaiting_presence(self) -> bool:
         """Whether the feed should list nothing yet: see :data:`~joblease.core.scope.PENDING`.

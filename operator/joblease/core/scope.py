@@ -6,7 +6,8 @@ dispatch (``PoolEngine.dispatched``): it only adopts what is claimed for it. It 
 two parts of the pool only, as a kubelet needs only the pods bound to it:
 
 * the jobs it holds — ``status.holder=<itself>`` (its assignments, adopted or not, and what
-  it claimed by turns);
+  it claimed by turns) — only while it reads no inbox: a worker that claims from proposals
+  learns nothing from the echo of its own writes (:attr:`Scope.own`);
 * the jobs that did not opt in — ``spec.dispatch.enabled!=true`` — which it still takes by
   turns, so this part must be complete (an absent field matches ``!=true``: the cluster
   test ``test_dispatch_feed`` checks it on the real API server).
@@ -42,10 +43,17 @@ class Scope:
             the jobs that did not opt in are watched (two streams): the narrow scope.
         pending: Nothing yet (no stream): a worker that may be dispatched waits for its
             presence's first list to say which scope it needs (:data:`PENDING`).
+        own: Narrow only: whether the worker's own jobs are watched too. A worker that
+            reads its inbox claims every dispatched job itself, from a proposal, and its
+            holdings renew and complete them; the pool's count comes from the dispatcher's
+            record. ``status.holder=<itself>`` would only echo its own writes back (2 of a
+            drained job's 6 watch events), so it is not watched. A worker that adopts
+            what a dispatcher claimed *for* it (it reads no inbox) must watch it.
     """
 
     holder: str | None = None
     pending: bool = False
+    own: bool = True
 
     @property
     def narrow(self) -> bool:
@@ -58,6 +66,8 @@ class Scope:
             return ()
         if self.holder is None:
             return (None,)
+        if not self.own:
+            return (NOT_DISPATCHED,)
         return (f"status.holder={escape_field_value(self.holder)}", NOT_DISPATCHED)
 
 
