@@ -37,7 +37,7 @@ def inbox(api: FakeKubeApi, dispatcher: Dispatcher, worker: str) -> list[str] | 
     stored = api.presence.get(("ns", inbox_name(dispatcher.record.pool, worker)))
     if stored is None:
         return None
-    return [name for name, _ in json.loads(stored["metadata"]["annotations"][
+    return [entry[0] for entry in json.loads(stored["metadata"]["annotations"][
         PROPOSALS_ANNOTATION])]
 
 

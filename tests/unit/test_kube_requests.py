@@ -81,8 +81,8 @@ def test_a_read_maps_404_to_the_protocols_not_found_and_a_list_does_not() -> Non
     from joblease.domain.errors import LeaseNotFoundError
 
     err = NotFoundError(404, "NotFound", "gone")
-    assert isinstance(read_call("ns", "job").missing(err), LeaseNotFoundError)
-    assert list_call("ns", "a=b").missing(err) is err
+    assert isinstance(read_call("ns", "job").refusal(err), LeaseNotFoundError)
+    assert list_call("ns", "a=b").refusal(err) is err
 
 
 def test_list_pages_and_watches_carry_the_selector_and_resume_point() -> None:

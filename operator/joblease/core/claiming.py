@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from joblease.core.inbox import read_proposed
+from joblease.core.inbox import proposed_observed, read_proposed
 from joblease.core.steps import ClaimBy, Sleep, Steps
 from joblease.domain.dispatch import Proposal
 from joblease.domain.errors import LeaseLostError, LeaseNotFoundError, LeaseUnavailableError
@@ -79,12 +79,23 @@ def claim_chosen(chosen: Observed, holder: str, end: float | None,
 def claim_proposed(namespace: str, selector: str | None, proposal: Proposal, holder: str,
                    end: float | None, monotonic: Callable[[], float]
                    ) -> Steps[tuple[Observed | None, Any]]:
-    """Read a job a dispatcher proposed, within the pool, and claim it as a chosen one.
+    """Claim a job a dispatcher proposed, as a chosen one: unread if it may, else read first.
 
-    Returns ``(the job as read, claim_chosen's outcome)``, or ``(None, the reason)`` when it
-    could not be read as a job of this pool (not found, or the read failed: the dispatcher
-    proposes it again while it stands). A worker runs only what this claim won.
+    A proposal that carries the job's state is claimed from it with no read, the write
+    vouching for that state (``inbox.proposed_observed``: the API server refuses it unless
+    the job is that very version, in this pool, as told). Refused by a conflict — a stale
+    proposal, or a state that was not the job's — it is read within the pool's selector and
+    decided again from what was read, as a proposal without a state is.
+
+    Returns ``(the job as decided from, claim_chosen's outcome)``, or ``(None, the reason)``
+    when it could not be read as a job of this pool (not found, or the read failed: the
+    dispatcher proposes it again while it stands). A worker runs only what this claim won.
     """
+    told = proposed_observed(namespace, selector, proposal)
+    if told is not None:
+        outcome = yield from claim_chosen(told, holder, end, monotonic, PROPOSED_CLAIM_PREFIX)
+        if not isinstance(outcome, (ConflictError, ContentionError)):
+            return told, outcome
     try:
         read = yield from read_proposed(namespace, selector, proposal.name)
     except ApiError as err:

@@ -68,6 +68,7 @@ from joblease.domain.dispatch import (
     free_slots,
     may_receive,
     plan,
+    proposal_state,
     proposals_to_keep,
 )
 from joblease.domain.holder import ClaimDecider
@@ -459,7 +460,7 @@ class Dispatcher:
 
     def _propose(self, job: Observed, worker: str, now: float) -> None:
         self.proposed.setdefault(worker, {})[job.name] = (
-            Proposal(job.name, job.resource_version), now)
+            Proposal(job.name, job.resource_version, proposal_state(job)), now)
         self._active.setdefault(worker, now)
         self._dirty.add(worker)
         self.counts.proposed += 1

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any, Protocol
 
 from joblease.core.feed import WATCH_SECONDS, retry_pause
@@ -182,6 +183,75 @@ def read_proposed(namespace: str, selector: str | None, name: str
         if obs.name == name:
             return obs
     return None
+
+
+# What a worker's claim from a proposal has the API server check (``Observed.vouched``):
+# every status field the claim decision reads, where the proposal carries it, and the spec
+# fields that could turn a claim into a Failed verdict or change its lease
+VOUCHED_STATUS = ("phase", "holder", "generation", "epoch", "leaseUntil", "attempts",
+                  "claimId", "notBefore")
+VOUCHED_SPEC = ("leaseDurationSeconds", "maxAttempts")
+
+
+def proposed_observed(namespace: str, selector: str | None, proposal: Proposal
+                      ) -> Observed | None:
+    """The proposed job as its proposal tells it, to claim unread; ``None``: read it first.
+
+    The version is vouched for (``Observed.vouched``): the claim's write applies only if the
+    object is at that resourceVersion and uid, carries every label of the pool's selector,
+    and holds the status (and lease spec) the decision read. So a proposal cannot make a
+    worker claim a job outside its pool, or decide from a status the job does not have: it
+    costs a refused write (then the job is read, as without a state). Only a selector of
+    plain ``key=value`` terms can be checked this way; any other is read first.
+    """
+    labels = equality_labels(selector)
+    state = proposal.state
+    if state is None or labels is None:
+        return None
+    try:
+        uid, spec, status = state["uid"], state["spec"], state["status"]
+        if not (isinstance(uid, str) and uid and isinstance(spec, dict)
+                and isinstance(status, dict)):
+            return None
+        obs = Observed.from_object({
+            "metadata": {"name": proposal.name, "namespace": namespace, "uid": uid,
+                         "resourceVersion": proposal.resource_version},
+            "spec": spec, "status": status})
+    except Exception as err:  # any shape: read the job instead, never a crash
+        log.debug("proposal of %s carries an unreadable state (%s)", proposal.name, err)
+        return None
+    tests = [("/metadata/resourceVersion", proposal.resource_version), ("/metadata/uid", uid)]
+    tests += [(f"/metadata/labels/{_pointer(key)}", value) for key, value in labels.items()]
+    tests += [(f"/status/{key}", status[key]) for key in VOUCHED_STATUS if key in status]
+    tests += [(f"/spec/{key}", spec[key]) for key in VOUCHED_SPEC if key in spec]
+    return replace(obs, vouched=tuple(tests))
+
+
+def equality_labels(selector: str | None) -> dict[str, str] | None:
+    """The labels a selector of ``key=value`` terms requires; ``None`` for any other selector.
+
+    ``None`` (not ``{}``) for a term of any other kind (``!=``, ``in``, ``notin``, a bare
+    key, ``!key``): a claim must not apply to a job outside the pool, so a selector that
+    JSON-patch ``test`` operations cannot express is not checked this way at all.
+    """
+    labels: dict[str, str] = {}
+    for term in (selector or "").split(","):
+        term = term.strip()
+        if not term:
+            continue
+        if "!" in term or "(" in term or " " in term or "=" not in term:
+            return None
+        key, _, value = term.partition("==") if "==" in term else term.partition("=")
+        key, value = key.strip(), value.strip()
+        if not key or "=" in value:
+            return None
+        labels[key] = value
+    return labels
+
+
+def _pointer(key: str) -> str:
+    """``key`` as one JSON-pointer token (RFC 6901: ``~`` and ``/`` escaped)."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def write_inbox_steps(namespace: str, pool: str, holder: str, identity: str,

@@ -24,8 +24,9 @@ import heapq
 import json
 import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from joblease.domain.clock import ServerNow
 from joblease.domain.lease import LeaseStatus, Observed, claimable_now, unadopted
@@ -155,18 +156,36 @@ CLAIM_WITHIN = timedelta(seconds=10)  # a proposal left unclaimed longer is take
 class Proposal:
     """A job proposed to a worker: its name and the version the dispatcher judged it by.
 
-    A proposal is a hint, never a claim: the worker reads the job (within its pool's
-    selector) and claims it itself with the usual compare-and-swap, so nothing a proposal
-    says can make a worker hold what the protocol would refuse it.
+    A proposal is a hint, never a claim: the worker claims the job itself with the usual
+    compare-and-swap, so nothing a proposal says can make a worker hold what the protocol
+    would refuse it.
+
+    ``state`` is the job at that version as the dispatcher saw it (:func:`proposal_state`):
+    the worker decides its claim from it instead of reading the job first, and its write
+    carries JSON-patch ``test`` operations (``Observed.vouched``) so that the API server
+    applies it only to that very version, in the worker's pool, with the status the
+    decision believed; a proposal without one, or refused once, is read first.
     """
 
     name: str
     resource_version: str
+    state: Mapping[str, Any] | None = field(default=None, compare=False)
+
+
+def proposal_state(job: Observed) -> dict[str, Any]:
+    """What a proposal carries of ``job`` for a worker to claim it unread (see :class:`Proposal`).
+
+    Its uid, spec and status; ``None`` values are left out (as the API server stores them).
+    """
+    status = {key: value for key, value in job.status.to_dict().items() if value is not None}
+    return {"uid": job.uid, "spec": job.spec.to_dict(), "status": status}
 
 
 def encode_proposals(proposals: Iterable[Proposal]) -> str:
-    """The inbox annotation's value: ``[[name, resourceVersion], ...]`` in the order to claim."""
-    return json.dumps([[p.name, p.resource_version] for p in proposals], separators=(",", ":"))
+    """The inbox annotation's value: ``[[name, resourceVersion, state?], ...]`` in order."""
+    return json.dumps([[p.name, p.resource_version,
+                        *([dict(p.state)] if p.state is not None else [])] for p in proposals],
+                      separators=(",", ":"))
 
 
 def decode_proposals(value: object) -> tuple[Proposal, ...]:
@@ -187,11 +206,12 @@ def decode_proposals(value: object) -> tuple[Proposal, ...]:
     seen: set[str] = set()
     out: list[Proposal] = []
     for entry in entries:
-        if (isinstance(entry, list) and len(entry) == 2
-                and all(isinstance(part, str) for part in entry)
+        if (isinstance(entry, list) and len(entry) in (2, 3)
+                and all(isinstance(part, str) for part in entry[:2])
                 and _NAME.fullmatch(entry[0]) and entry[1].isdigit() and entry[0] not in seen):
             seen.add(entry[0])
-            out.append(Proposal(entry[0], entry[1]))
+            state = entry[2] if len(entry) == 3 and isinstance(entry[2], dict) else None
+            out.append(Proposal(entry[0], entry[1], state))
             if len(out) >= MAX_PROPOSALS:
                 break
     return tuple(out)
@@ -218,5 +238,7 @@ def proposals_to_keep(proposed: Mapping[str, Proposal], current: Callable[[str],
     for name in proposed:
         obs = current(name)
         if obs is not None and name in wanted and claimable_now(obs, now, margin):
-            kept[name] = Proposal(name, obs.resource_version)
+            before = proposed[name]
+            kept[name] = before if before.resource_version == obs.resource_version else (
+                Proposal(name, obs.resource_version, proposal_state(obs)))
     return kept

@@ -167,6 +167,26 @@ class LeaseSpec:
         """The lease duration as a timedelta."""
         return timedelta(seconds=self.lease_duration_seconds)
 
+    def to_dict(self) -> dict[str, Any]:
+        """``spec`` as :meth:`from_dict` reads it back (what a dispatcher's proposal carries)."""
+        spec: dict[str, Any] = {"leaseDurationSeconds": self.lease_duration_seconds,
+                                "priority": self.priority}
+        if self.ttl_seconds_after_finished is not None:
+            spec["ttlSecondsAfterFinished"] = self.ttl_seconds_after_finished
+        if self.max_attempts is not None:
+            spec["maxAttempts"] = self.max_attempts
+        if self.pod_delegation or self.delegation_service_account:
+            spec["podDelegation"] = {"enabled": self.pod_delegation, **(
+                {"serviceAccountName": self.delegation_service_account}
+                if self.delegation_service_account else {})}
+        if self.backoff is not None:
+            spec["backoff"] = {"initialSeconds": self.backoff.initial_seconds,
+                               "factor": self.backoff.factor,
+                               "maxSeconds": self.backoff.max_seconds}
+        if self.dispatch_to is not None:
+            spec["dispatch"] = {"enabled": True, "serviceAccountNames": list(self.dispatch_to)}
+        return spec
+
     @classmethod
     def from_dict(cls, spec: dict[str, Any] | None) -> LeaseSpec:
         """Read ``spec`` as stored by the API server (defaults already applied there)."""
@@ -308,6 +328,10 @@ class Observed:
     status: LeaseStatus
     has_status: bool = True
     created: datetime | None = None
+    # ``(JSON pointer, value)`` pairs the API server must hold for a write decided from this
+    # version to apply (JSON-patch ``test`` operations): set when the version was not read
+    # but told (a dispatcher's proposal), so the server checks what the decision believed
+    vouched: tuple[tuple[str, Any], ...] = field(default=(), compare=False)
 
     @classmethod
     def from_object(cls, obj: dict[str, Any]) -> Observed:

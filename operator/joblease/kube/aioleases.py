@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from joblease.domain.lease import LeaseStatus, Observed
-from joblease.kube.api import DEFAULT_TIMEOUT, NotFoundError
+from joblease.kube.api import DEFAULT_TIMEOUT, InvalidError, NotFoundError
 from joblease.kube.leases import (
     EventSubject,
     LeaseCall,
@@ -46,8 +46,11 @@ class AsyncLeaseStore:
             response = await self.api.request(call.method, call.path, call.body,
                                               query=call.query,
                                               content_type=call.content_type, timeout=timeout)
-        except NotFoundError as err:
-            raise call.missing(err) from err
+        except (NotFoundError, InvalidError) as err:
+            meant = call.refusal(err)
+            if meant is err:
+                raise
+            raise meant from err
         return call.parse(response.body)
 
     async def run(self, calls: LeaseCalls[T], timeout: float = DEFAULT_TIMEOUT) -> T:

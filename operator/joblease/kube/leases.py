@@ -19,8 +19,15 @@ from typing import Any, Generic, Protocol, TypeVar
 from joblease.domain.errors import LeaseNotFoundError
 from joblease.domain.lease import LeaseStatus, Observed
 from joblease.domain.time import format_time
-from joblease.kube.api import DEFAULT_TIMEOUT, MERGE_PATCH, ConflictError, NotFoundError
-from joblease.kube.requests import Response
+from joblease.kube.api import (
+    DEFAULT_TIMEOUT,
+    MERGE_PATCH,
+    ApiError,
+    ConflictError,
+    InvalidError,
+    NotFoundError,
+)
+from joblease.kube.requests import JSON_PATCH, Response
 from joblease.kube.transport import Transport
 
 GROUP = "joblease.dev"
@@ -60,13 +67,23 @@ class LeaseCall(Generic[T]):
     query: dict[str, str] | None = None
     content_type: str | None = None
     lease: tuple[str, str] | None = None
+    vouched: bool = False
 
-    def missing(self, err: NotFoundError) -> Exception:
-        """What a 404 to this call means."""
-        if self.lease is None:
-            return err
-        namespace, name = self.lease
-        return LeaseNotFoundError(name, namespace)
+    def refusal(self, err: ApiError) -> Exception:
+        """What a refusal of this call means: ``err`` itself unless it says more here.
+
+        A 404 to a call about one JobLease is ``LeaseNotFoundError``. A 422 to a write
+        decided from a version it was told (``Observed.vouched``) is a ``ConflictError``:
+        a ``test`` failed, so the object is not as the decision believed — read it and
+        decide again, as after any other lost compare-and-swap.
+        """
+        if isinstance(err, NotFoundError) and self.lease is not None:
+            namespace, name = self.lease
+            return LeaseNotFoundError(name, namespace)
+        if isinstance(err, InvalidError) and self.vouched:
+            return ConflictError(err.status, "Conflict", f"{self.path}: the version a "
+                                 f"proposal told is not the object's ({err.message})")
+        return err
 
 
 @dataclass(frozen=True)
@@ -99,10 +116,36 @@ def status_write_call(observed: Observed, status: LeaseStatus) -> LeaseCall[Obse
     """
     changes = (status.changes_since(observed.status) if observed.has_status
                else status.to_dict())
+    path = lease_path(observed.namespace, observed.name, "status")
+    if observed.vouched:
+        return LeaseCall("PATCH", path, Observed.from_object,
+                         body=vouched_patch(observed, changes), content_type=JSON_PATCH,
+                         lease=(observed.namespace, observed.name), vouched=True)
     patch = {"metadata": {"resourceVersion": observed.resource_version}, "status": changes}
-    return LeaseCall("PATCH", lease_path(observed.namespace, observed.name, "status"),
-                     Observed.from_object, body=patch, content_type=MERGE_PATCH,
-                     lease=(observed.namespace, observed.name))
+    return LeaseCall("PATCH", path, Observed.from_object, body=patch,
+                     content_type=MERGE_PATCH, lease=(observed.namespace, observed.name))
+
+
+def vouched_patch(observed: Observed, changes: dict[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch writing ``changes`` to ``status`` only where ``observed.vouched`` holds.
+
+    ``test`` operations first: the API server applies the whole patch to the object it has
+    or refuses it (422), atomically, and again on each of its own retries, so a test of
+    ``metadata.resourceVersion`` is the same compare-and-swap as the merge patch's
+    precondition, and the other tests check what the decision took on trust.
+    """
+    ops: list[dict[str, Any]] = [{"op": "test", "path": pointer, "value": value}
+                                 for pointer, value in observed.vouched]
+    if not observed.has_status:
+        ops.append({"op": "add", "path": "/status",
+                    "value": {k: v for k, v in changes.items() if v is not None}})
+        return ops
+    for key, value in changes.items():
+        if value is None:
+            ops.append({"op": "remove", "path": f"/status/{key}"})
+        else:
+            ops.append({"op": "add", "path": f"/status/{key}", "value": value})
+    return ops
 
 
 def create_call(namespace: str, name: str, spec: dict[str, Any] | None = None,
@@ -244,8 +287,11 @@ class LeaseStore:
         try:
             body = self._send(call.method, call.path, call.body, query=call.query,
                               content_type=call.content_type, timeout=timeout).body
-        except NotFoundError as err:
-            raise call.missing(err) from err
+        except (NotFoundError, InvalidError) as err:
+            meant = call.refusal(err)
+            if meant is err:
+                raise
+            raise meant from err
         return call.parse(body)
 
     def list(self, namespace: str | None = None) -> list[Observed]:

@@ -34,14 +34,15 @@ from joblease.kube.errors import (
     UnavailableError,
 )
 
-__all__ = ["DEFAULT_TIMEOUT", "JSON", "MAX_SERVER_SKEW_ENV", "MERGE_PATCH", "ApiError",
-           "ApiRequest", "ConfigError", "ConflictError", "ForbiddenError", "GoneError",
+__all__ = ["DEFAULT_TIMEOUT", "JSON", "JSON_PATCH", "MAX_SERVER_SKEW_ENV", "MERGE_PATCH",
+           "ApiError", "ApiRequest", "ConfigError", "ConflictError", "ForbiddenError", "GoneError",
            "InvalidError", "NotFoundError", "Response", "UnavailableError", "build_request",
            "calibration_pause", "decode_body", "error_for", "fold_date", "server_time",
            "watch_event"]
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"  # RFC 6902: with `test` operations
 DEFAULT_TIMEOUT = 10.0
 MAX_SERVER_SKEW_ENV = "JOBLEASE_MAX_SERVER_SKEW"
 
