@@ -101,7 +101,9 @@ TARGETS = {"ratio": 0.85, "wasted_per_job": 0.05, "trickle_wasted_per_job": 0.2,
            # issue 30, dispatched: places late with 20 workers; an urgent job's wait after
            # a worker frees (every round); the trickle's ready -> claimed and its events
            "dispatched_max_late": 19, "urgent_wait_s": 0.1, "dispatched_latency_p99": 0.1,
-           "dispatched_trickle_events_per_job": 10}
+           "dispatched_trickle_events_per_job": 10,
+           # a killed worker's proposed job claimed by another (no attempt counted)
+           "killed_rerun_s": 16}
 URGENT_ROUNDS = 8  # urgent jobs, one at a time, each while every worker is busy
 
 
@@ -195,6 +197,7 @@ def _dispatched_sections(cluster: Any, api: KubeApi, kubeconfig: str, namespace:
                                 dispatch=DispatchRun(kubeconfig, namespace, kill_halfway=False)),
         "urgent": lambda: _urgent(cluster, api, kubeconfig, namespace, workers, urgent_rounds,
                                   logs),
+        "killed_assignee": lambda: _killed_assignee(api, kubeconfig, namespace, logs),
         "trickle": lambda: _claim_latency(cluster, api, kubeconfig, namespace, workers,
                                           latency_jobs, latency_rate, logs,
                                           dispatch=DispatchRun(kubeconfig, namespace,
@@ -213,7 +216,11 @@ def _dispatched_met(dispatched: dict[str, Any]) -> dict[str, bool | None]:
     """Issue 30's targets for the dispatched order, urgent wait and trickle (None: not
     measured)."""
     order, urgent, trickle = (dispatched.get(k) or {} for k in ("order", "urgent", "trickle"))
+    killed = dispatched.get("killed_assignee") or {}
     return {
+        "killed_rerun": (killed["rerun_s"] <= TARGETS["killed_rerun_s"]
+                         and killed["attempts"] == 0 and killed["generation"] == 1
+                         and killed["holder_is_heir"] if "rerun_s" in killed else None),
         "dispatched_max_late": (order["max_late"] <= TARGETS["dispatched_max_late"]
                                 if "max_late" in order else None),
         "urgent_wait": (urgent["wait_s"]["max"] <= TARGETS["urgent_wait_s"]
@@ -1092,6 +1099,66 @@ def _urgent(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers
              f"{out['wait_s']['max']:.3f} s after a worker freed; every slot busy in "
              f"{out['all_busy_rounds']} of {rounds}; {out['seconds']:.1f} s")
     return out
+
+
+def _killed_assignee(api: KubeApi, kubeconfig: str, namespace: str, logs: Path
+                     ) -> dict[str, Any]:
+    """A worker SIGKILLed with a job proposed to it: how soon another runs it, at what count.
+
+    One dispatched ``joblease work`` starts and is killed once the dispatcher lists it; a
+    job is then created, which the dispatcher proposes to the dead worker (its presence
+    record has not lapsed yet), and a second worker is started at once. The figures come
+    from the job's record: seconds from its creation to the second worker's claim
+    (``acquireTime``, issue 30: ≤ 16 s), its generation (1: the dead worker wrote nothing)
+    and its attempts (0: none counted). One machine, one clock: creation is read locally.
+    """
+    dispatch = DispatchRun(kubeconfig, namespace, kill_halfway=False)
+    label = {"batch": "killed-assignee"}
+    selector, name = _selector(label), "killed-assignee-job"
+    store = LeaseStore(api)
+    dead, heir = dispatch.holder(0), dispatch.holder(1)
+
+    def argv(worker: int) -> list[str]:
+        return work_argv(kubeconfig, namespace, selector, dispatch.holder(worker), NOOP,
+                         until_empty=False)
+
+    with _dispatching(dispatch, selector):
+        dispatcher = dispatch.dispatcher
+        assert dispatcher is not None
+        with Processes([argv(0)], logs, "killed-assignee-first") as first:
+            _wait_until(lambda: dead in dispatcher.workers(), 60, first,
+                        "the first worker listed by the dispatcher")
+            first.procs[0].kill()  # SIGKILL: no leaving, its record lapses on its own
+            first.procs[0].wait(10)
+        created = time.time()
+        store.create(namespace, name, dispatch.spec(2), label)
+        _wait_until(lambda: name in dispatcher.proposed.get(dead, {}), 10, None,
+                    "the job proposed to the killed worker")
+        with Processes([argv(1)], logs, "killed-assignee-heir") as second:
+            _wait_claimed(store, namespace, name, timeout=60)
+            obs = store.get(namespace, name)
+            taken_back = dispatcher.counts.taken_back
+            claims = dispatch.stop([obs])
+            codes = second.stop(grace=15)
+    assert obs.status.acquire_time is not None
+    out: dict[str, Any] = {
+        "rerun_s": obs.status.acquire_time.timestamp() - created,
+        "holder_is_heir": obs.status.holder == heir, "generation": obs.status.generation,
+        "attempts": obs.status.attempts, "taken_back": taken_back,
+        "dispatch": claims, "exit_codes_after_sigterm": codes}
+    progress(f"pool: killed assignee: its proposed job claimed by another worker "
+             f"{out['rerun_s']:.1f} s after its creation, generation {out['generation']}, "
+             f"attempts {out['attempts']}")
+    return out
+
+
+def _wait_until(ready: Callable[[], bool], timeout: float, pool: Processes | None,
+                what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline or (pool is not None and pool.procs[0].poll()):
+            raise RuntimeError(f"pool: {what}: not within {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def _span(obs: Observed) -> Span:

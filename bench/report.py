@@ -389,6 +389,16 @@ def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
             f"{urgent['rounds']} rounds; lower jobs claimed between the freeing and its "
             f"claim: {urgent['lower_claimed_between']}", "",
             f"≤ {t['urgent_wait_s']} s (every round)", _ok(met.get("urgent_wait"))))
+    killed = d.get("killed_assignee")
+    if killed is not None:
+        label = ("pool, dispatched: a worker SIGKILLed, then a job proposed to it: claimed by "
+                 "another worker, s after its creation")
+        rows.append(_not_measured(label, killed) if "error" in killed else (
+            label, f"{killed['rerun_s']:.1f}",
+            f"generation {killed['generation']}, attempts {killed['attempts']}; taken back "
+            f"{killed.get('taken_back', '?')} time(s)", "",
+            f"≤ {t.get('killed_rerun_s', 16)} s, no attempt counted",
+            _ok(met.get("killed_rerun"))))
     if trickle is not None:
         rows += _dispatched_trickle_rows(trickle, pool.get("latency", {}), t, met)
     return rows

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from joblease.core.inbox import equality_labels, proposed_observed
@@ -44,6 +44,57 @@ def test_a_state_of_any_shape_is_claimed_from_or_read_never_raised(state: Any) -
     for entry in ([["job", "7", state]], [["job", "7"]]):  # through the inbox, any shape
         decoded = decode_proposals(json.dumps(entry))
         assert decoded == (Proposal("job", "7"),)
+
+
+CONDITION = st.fixed_dictionaries(
+    {}, optional={"type": st.sampled_from(["Held", "Finished", 1]),
+                  "status": st.sampled_from(["True", "False", None]),
+                  "lastTransitionTime": st.sampled_from(["2026-01-01T00:00:00.000Z", 5])})
+STATUS = st.fixed_dictionaries({}, optional={
+    "phase": st.sampled_from(["Available", "Held", "Completed", "Failed", "Bogus", 3]),
+    "holder": st.sampled_from(["a", "w", "", None, 4]),
+    "generation": st.integers(-2, 5) | st.sampled_from(["7", "x"]),
+    "attempts": st.integers(-1, 5) | st.just("2"),
+    "leaseUntil": st.sampled_from(["2026-01-01T00:00:00.000Z", "2099-01-01T00:00:00Z",
+                                   "yesterday", 9]),
+    "notBefore": st.sampled_from(["2026-01-01T00:00:00.000Z", "soon"]),
+    "claimId": st.sampled_from(["c1", "dispatch-x", 0]),
+    "conditions": st.lists(CONDITION | JSON, max_size=3) | JSON})
+SPEC = st.fixed_dictionaries({}, optional={
+    "leaseDurationSeconds": st.integers(-5, 100) | st.just("30"),
+    "maxAttempts": st.integers(0, 3) | st.none(), "priority": st.integers(-3, 3) | JSON,
+    "backoff": st.fixed_dictionaries({}, optional={"initialSeconds": st.integers(-1, 9),
+                                                   "factor": st.floats(0, 3) | JSON}) | JSON,
+    "dispatch": JSON})
+
+
+@given(STATUS, SPEC)
+@example({"phase": "Completed", "generation": -1}, {})  # FencingToken: ValueError
+@example({"conditions": [None]}, {})  # set_condition: AttributeError
+@example({"phase": "Held", "holder": "a", "attempts": 1, "leaseUntil": "2026-01-01T00:00:00Z"},
+         {"backoff": {"factor": 0}})  # a factor below the schema's 1
+def test_claiming_from_any_state_a_worker_accepts_is_decided_never_crashed(
+        status: dict[str, Any], spec: dict[str, Any]) -> None:
+    """A forged inbox is not checked by the CRD's schema: whatever state the worker accepts
+    to claim from, the protocol's decision either decides or refuses (``LeaseError``); an
+    error of another kind would escape the pool's claim (safety.md #53: a condition that
+    was no object, a negative generation, both found by this test).
+    """
+    from datetime import UTC, datetime, timedelta
+
+    from joblease.domain.clock import ServerNow
+    from joblease.domain.errors import LeaseError
+    from joblease.domain.lease import decide_claim
+
+    state = {"uid": "u1", "spec": spec, "status": status}
+    told = proposed_observed("ns", "pool=p", Proposal("job", "3", state))
+    if told is None:
+        return
+    now = ServerNow.exact(datetime(2026, 6, 1, tzinfo=UTC))
+    try:
+        decide_claim(told, "w", now, timedelta(seconds=0.25), "proposed-1")
+    except LeaseError:
+        pass
 
 
 def test_an_honest_state_is_told_back_with_what_its_write_will_test() -> None:

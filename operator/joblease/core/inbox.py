@@ -220,11 +220,35 @@ def proposed_observed(namespace: str, selector: str | None, proposal: Proposal
     except Exception as err:  # any shape: read the job instead, never a crash
         log.debug("proposal of %s carries an unreadable state (%s)", proposal.name, err)
         return None
+    if not _schema_shaped(obs):
+        return None  # the API server's schema guarantees this of what it stores, not of this
     tests = [("/metadata/resourceVersion", proposal.resource_version), ("/metadata/uid", uid)]
     tests += [(f"/metadata/labels/{_pointer(key)}", value) for key, value in labels.items()]
     tests += [(f"/status/{key}", status[key]) for key in VOUCHED_STATUS if key in status]
     tests += [(f"/spec/{key}", spec[key]) for key in VOUCHED_SPEC if key in spec]
     return replace(obs, vouched=tuple(tests))
+
+
+def _schema_shaped(obs: Observed) -> bool:
+    """Whether a told job keeps the CRD schema's bounds that the claim decision relies on.
+
+    A real object was checked by the API server's schema; a told one was not, and a value
+    out of those bounds (a negative generation, a condition that is no object, a backoff
+    factor below 1) would make the decision raise an error that is no refusal.
+    """
+    status, spec, backoff = obs.status, obs.spec, obs.spec.backoff
+    return (status.generation >= 0 and status.attempts >= 0 and (status.epoch or 0) >= 0
+            and spec.lease_duration_seconds >= 1
+            and (spec.max_attempts is None or spec.max_attempts >= 1)
+            and (backoff is None or (backoff.factor >= 1 and backoff.initial_seconds >= 0
+                                     and backoff.max_seconds >= 0))
+            and all(_condition_shaped(c) for c in status.conditions))
+
+
+def _condition_shaped(condition: Any) -> bool:
+    """Whether a told condition has what a claim's decision reads of one (``set_condition``)."""
+    return isinstance(condition, dict) and all(
+        isinstance(condition.get(key), str) for key in ("type", "status", "lastTransitionTime"))
 
 
 def equality_labels(selector: str | None) -> dict[str, str] | None:
