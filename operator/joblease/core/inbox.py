@@ -7,16 +7,21 @@ Lease named ``joblease-inbox-<digest of pool and worker>`` (:func:`inbox_name`),
 with the pool and ``joblease.dev/role=inbox``, annotation
 :data:`~joblease.domain.dispatch.PROPOSALS_ANNOTATION`. The worker watches only that one
 object (a field selector on its name) and claims each proposed job **itself**, with the
-usual compare-and-swap, after reading it within its pool's selector
-(:func:`read_proposed`). So a job costs two status writes (the worker's claim and its
+usual compare-and-swap, from the state the proposal carries (:func:`proposed_observed`),
+or after reading it within its pool's selector (:func:`read_proposed`) when that claim is
+refused or the proposal cannot be claimed from. So a job costs two status writes (the
+worker's claim and its
 completion) plus an inbox write that is no status write, and a proposal that was never
 claimed wrote nothing on the job: taking it back counts no attempt, with no adoption write
 to prove it.
 
-**Safety never depends on an inbox.** A proposal is a hint: the worker reads the job
-through its own pool's label selector (a job of another pool, or one that does not
-exist, is not found) and claims it with the protocol's own decision; a stale or forged
-proposal costs a read. Who may write an inbox is the chart's presence policy: a Lease
+**Safety never depends on an inbox.** A proposal is a hint: the worker claims with the
+protocol's own decision, and its write vouches for what it was told (JSON-patch ``test``
+operations: the version, the uid, its pool's labels, the status the decision read), so the
+API server applies it to no other job and no other state; refused, it reads the job
+through its own pool's label selector (a job of another pool, or one that does not exist,
+is not found). A stale or forged proposal costs a refused write and a read. Who may write
+an inbox is the chart's presence policy: a Lease
 labelled ``joblease.dev/role`` is written by the operator only, and names it as holder.
 
 An inbox carries no ``renewTime``: workers of an earlier version, which list every Lease of
