@@ -21,8 +21,8 @@ operations: the version, the uid, its pool's labels, the status the decision rea
 API server applies it to no other job and no other state; refused, it reads the job
 through its own pool's label selector (a job of another pool, or one that does not exist,
 is not found). A stale or forged proposal costs a refused write and a read. Who may write
-an inbox is the chart's presence policy: a Lease
-labelled ``joblease.dev/role`` is written by the operator only, and names it as holder.
+an inbox is the chart's presence policy: a Lease labelled ``joblease.dev/role`` is written
+by the operator only, and names it as holder.
 
 An inbox carries no ``renewTime``: workers of an earlier version, which list every Lease of
 the pool as presence records, cannot read it as a live worker. Workers of this version list
