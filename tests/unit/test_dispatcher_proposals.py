@@ -10,6 +10,7 @@ write performed in the round that decided it.
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from datetime import timedelta
 from typing import Any
 
@@ -232,3 +233,43 @@ def test_a_proposal_taken_by_another_worker_is_dropped_from_its_inbox() -> None:
     dispatcher._dispatch()
     assert inbox(api, dispatcher, W1) == []  # no stale proposal left for W1 to re-read
     assert dispatcher.counts.taken_back == 0  # not claimable any more: nothing taken back
+
+
+class Later:
+    """Keeps each write in flight until :meth:`run`: a slow inbox write, seen by the rounds."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[Any, tuple[Any, ...]]] = []
+
+    def submit(self, fn: Any, *args: Any) -> Future[None]:
+        self.queued.append((fn, args))
+        return Future()
+
+    def run(self) -> None:
+        queued, self.queued = self.queued, []
+        for fn, args in queued:
+            fn(*args)
+
+
+def test_a_proposal_made_while_the_workers_last_inbox_write_is_in_flight_is_written_after_it(
+        ) -> None:
+    """safety.md #54: a round that met the worker's previous inbox write still in flight
+    took the worker off the inboxes due, so the new proposal was never written; the worker
+    never saw it and was passed over 10 s later (an urgent job waited 11 s in the bench)."""
+    api = FakeKubeApi()
+    job(api, "a")
+    later = Later()
+    dispatcher = readers(api, {W1: 1}, ahead=0, executor=later)
+    dispatcher._dispatch()  # "a" proposed: the inbox write is in flight
+    held_by(api, dispatcher, "a", W1)  # W1 saw it (the write landed), claimed it, ran it
+    at = format_time(T_NOW)
+    job(api, "a", {"phase": "Completed", "holder": W1, "generation": 1, "epoch": 1,
+                   "finishTime": at})
+    dispatcher.apply("MODIFIED", Observed.from_object(api.stored("ns", "a")))
+    created(api, dispatcher, "b")
+    dispatcher._dispatch()  # "b" proposed to W1 while the write of "a" has not answered
+    assert "b" in dispatcher.proposed.get(W1, {})
+    later.run()  # the write of ["a"] answers
+    dispatcher._dispatch()
+    later.run()
+    assert inbox(api, dispatcher, W1) == ["b"]  # before the fix: ["a"], for 10 s

@@ -536,7 +536,9 @@ class Dispatcher:
             else:
                 writes.append((worker, [p for p, _ in jobs.values()]))
             self._writing.add(worker)
-        self._dirty -= self._writing
+        # only the inboxes written now are no longer due: one whose previous write is still
+        # in flight stays due, and is written once that write has answered (safety.md #54)
+        self._dirty -= {worker for worker, _ in writes}
         return writes
 
     def _write_inbox(self, worker: str, proposals: list[Proposal] | None) -> None:
