@@ -1154,10 +1154,14 @@ def _killed_assignee(api: KubeApi, kubeconfig: str, namespace: str, logs: Path
 
 def _wait_until(ready: Callable[[], bool], timeout: float, pool: Processes | None,
                 what: str) -> None:
+    """Until ``ready()`` (read every 50 ms); raise at ``timeout`` or once a child of ``pool``
+    has exited, whatever its code."""
     deadline = time.monotonic() + timeout
     while not ready():
-        if time.monotonic() > deadline or (pool is not None and pool.procs[0].poll()):
-            raise RuntimeError(f"pool: {what}: not within {timeout:.0f} s")
+        exited = pool is not None and any(p.poll() is not None for p in pool.procs)
+        if time.monotonic() > deadline or exited:
+            raise RuntimeError(f"pool: {what}: not within {timeout:.0f} s"
+                               + (" (a worker exited)" if exited else ""))
         time.sleep(0.05)
 
 
@@ -1193,11 +1197,8 @@ def _wait_all_busy(api: KubeApi, namespace: str, selector: str, workers: int,
 
 def _wait_claimed(store: LeaseStore, namespace: str, name: str, timeout: float) -> None:
     """Until ``name`` has been claimed (read every 50 ms; raise at ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while store.get(namespace, name).status.acquire_time is None:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"pool: urgent job {name} not claimed in {timeout:.0f} s")
-        time.sleep(0.05)
+    _wait_until(lambda: store.get(namespace, name).status.acquire_time is not None, timeout,
+                None, f"job {name} claimed")
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------
