@@ -11,6 +11,7 @@ through both ports (the thread pool's and the asyncio pool's), counting the requ
   refused, the job is read and left to its holder;
 * a job of another pool, proposed with its true state: refused, then not found in the pool;
 * a stale proposal (the job changed since): refused, read, and claimed from what was read;
+* an unread claim whose answer is lost: read, and adopted as its own (generation 1);
 * a pool whose selector ``test`` operations cannot express: read first, as before.
 """
 
@@ -29,13 +30,14 @@ from joblease.core.steps import SyncPort, drive
 from joblease.domain.dispatch import Proposal, proposal_state
 from joblease.domain.errors import LeaseHeldError, LeaseNotFoundError
 from joblease.domain.lease import Phase
-from joblease.kube.api import MERGE_PATCH
+from joblease.kube.api import MERGE_PATCH, UnavailableError
 from joblease.kube.leases import lease_path
 from joblease.kube.transact import ContentionError
 from joblease.sdk.client import LeaseClient
 from support.clients import LOOP
 
 HOLDER = "worker-1"
+LOSE_NEXT_PATCH_ANSWER: list[bool] = []  # non-empty: the next PATCH lands, its answer is lost
 Claim = Callable[..., tuple[Any, Any, list[str]]]
 
 
@@ -50,13 +52,19 @@ def claim(request: pytest.FixtureRequest, cluster: Any, jl_crd: str, namespace: 
     returning ``(decided from, outcome, the requests it sent)``."""
     kubeconfig = str(cluster.kubeconfig_for("admin"))
     sent: list[str] = []
+    lose = LOSE_NEXT_PATCH_ANSWER
+    lose.clear()
     if request.param == "sync":
         client = LeaseClient(namespace, kubeconfig=kubeconfig)
         real = client.api.request
 
         def counting(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
             sent.append(_kind(method, kwargs.get("query")))
-            return real(method, path, *args, **kwargs)
+            answer = real(method, path, *args, **kwargs)
+            if method == "PATCH" and lose:
+                lose.pop()
+                raise UnavailableError(0, "Unavailable", "the answer was lost (test)")
+            return answer
 
         client.api.request = counting  # type: ignore[method-assign]
         port = SyncPort(client.store, claim=client.claim)
@@ -76,7 +84,11 @@ def claim(request: pytest.FixtureRequest, cluster: Any, jl_crd: str, namespace: 
 
     async def acounting(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
         sent.append(_kind(method, kwargs.get("query")))
-        return await areal(method, path, *args, **kwargs)
+        answer = await areal(method, path, *args, **kwargs)
+        if method == "PATCH" and lose:
+            lose.pop()
+            raise UnavailableError(0, "Unavailable", "the answer was lost (test)")
+        return answer
 
     aclient.api.request = acounting  # type: ignore[method-assign]
     aport = AsyncPort(aclient.store, claim=aclient.claim)
@@ -160,6 +172,19 @@ def test_a_stale_proposal_is_read_and_claimed_from_what_was_read(
     won(outcome, 1)
     assert sent == ["PATCH", "LIST", "PATCH"]  # refused by version, read, claimed
     assert decided.resource_version != proposal.resource_version and not decided.vouched
+
+
+def test_a_lost_answer_to_an_unread_claim_is_adopted_not_claimed_again(
+        claim: Claim, leases: LeaseClient) -> None:
+    """The unread claim landed but its answer was lost: the retry reads the job and finds
+    its own claim (same claim id), adopting it at generation 1 instead of refusing itself
+    or claiming a second time."""
+    proposal = create(leases, "job")
+    LOSE_NEXT_PATCH_ANSWER.append(True)
+    _, outcome, sent = claim(proposal)
+    won(outcome, 1)
+    assert sent == ["PATCH", "GET"]  # the vouched claim (landed), then one read: adopted
+    assert leases.get("job").status.claim_id == outcome.claim_id
 
 
 def test_a_selector_tests_cannot_express_is_read_first(
