@@ -205,3 +205,29 @@ def test_an_assignment_left_unadopted_too_long_is_taken_back_from_a_live_worker(
                           adopt_within=timedelta(seconds=5)) == [Queued(obs, reassign=True)]
     assert dispatch_queue([obs], NOW, MARGIN, live={"w1"}, skip=(), limit=5,
                           adopt_within=timedelta(seconds=6)) == []
+
+
+@given(claimable=st.lists(st.booleans(), min_size=0, max_size=12),
+       proposed=st.sets(st.integers(min_value=0, max_value=11)),
+       room=st.one_of(st.none(), st.integers(min_value=0, max_value=12)))
+def test_a_worker_keeps_the_best_claimable_wanted_proposals_that_fit_its_room(
+        claimable: list[bool], proposed: set[int], room: int | None) -> None:
+    """``proposals_to_keep``: the kept are exactly the best ``room`` (in the queue's order)
+    of the proposals whose jobs are wanted and claimable; none beyond it (safety.md #55)."""
+    from joblease.domain.dispatch import Proposal, proposals_to_keep
+    from joblease.domain.errors import format_time
+    from support.fakekube import T_NOW, lease_object
+
+    held = {"phase": "Held", "holder": "other", "generation": 1, "epoch": 1, "claimId": "c",
+            "leaseUntil": format_time(T_NOW + timedelta(seconds=30))}
+    view = {f"j{i}": Observed.from_object(lease_object(
+        f"j{i}", {"phase": "Available", "generation": 0, "epoch": 1} if ok else held))
+        for i, ok in enumerate(claimable)}
+    wanted = [f"j{i}" for i in range(len(claimable))]
+    mine = {f"j{i}": Proposal(f"j{i}", view[f"j{i}"].resource_version if f"j{i}" in view
+                              else "1") for i in proposed}
+    kept = proposals_to_keep(mine, view.get, ServerNow.exact(T_NOW), timedelta(seconds=1),
+                             wanted, room)
+    standing = [n for n in wanted if n in mine and claimable[int(n[1:])]]
+    assert list(kept) == standing[:room]  # best first, and a prefix of what stands
+    assert all(kept[n] == mine[n] for n in kept)  # unchanged versions: the same proposals

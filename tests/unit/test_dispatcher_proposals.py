@@ -273,3 +273,70 @@ def test_a_proposal_made_while_the_workers_last_inbox_write_is_in_flight_is_writ
     dispatcher._dispatch()
     later.run()
     assert inbox(api, dispatcher, W1) == ["b"]  # before the fix: ["a"], for 10 s
+
+
+def test_a_job_proposed_to_a_worker_that_filled_its_slots_goes_to_the_next_that_frees(
+        ) -> None:
+    """safety.md #55: an urgent job replaced the filler proposed to the one free worker in
+    the instant that worker claimed the filler; when the dispatcher saw that claim together
+    with another worker freeing, the urgent job stayed proposed to the busy worker (1 s in
+    the bench, the filler's length) and the free one was given the next filler."""
+    api = FakeKubeApi()
+    job(api, "x")
+    dispatcher = readers(api, {W1: 1, W2: 1}, ahead=0)
+    held_by(api, dispatcher, "x", W2)  # W2 busy
+    created(api, dispatcher, "filler")
+    created(api, dispatcher, "filler-2")
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["filler"]
+    created(api, dispatcher, "urgent", priority=9)
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["urgent"]  # it replaced the filler...
+    held_by(api, dispatcher, "filler", W1)  # ...which W1 had claimed in that instant
+    job(api, "x", {"phase": "Completed", "holder": W2, "generation": 1, "epoch": 1,
+                   "finishTime": format_time(T_NOW)})
+    dispatcher.apply("MODIFIED", Observed.from_object(api.stored("ns", "x")))  # W2 frees
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W2) == ["urgent"]  # the free worker gets it at once
+    assert inbox(api, dispatcher, W1) == []  # no room left at W1: taken back
+    assert dispatcher.counts.taken_back == 2  # the filler, then the urgent job
+
+
+def test_a_worker_keeps_the_best_of_its_proposals_that_fit_its_room() -> None:
+    api = FakeKubeApi()
+    for name in ("a", "b", "c", "d"):
+        job(api, name)
+    dispatcher = readers(api, {W1: 3}, ahead=0)
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a", "b", "c"]
+    job(api, "x")
+    held_by(api, dispatcher, "x", W1)  # one slot filled by a job not proposed (by turns)
+    dispatcher._live, dispatcher._readers = {W1, W2}, {W1, W2}
+    dispatcher._slots = {W1: 3, W2: 1}  # and a worker with a free slot arrives
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a", "b"]  # "c", its last, went back...
+    assert inbox(api, dispatcher, W2) == ["c"]  # ...to the free worker, before "d"
+    assert dispatcher.counts.taken_back == 1
+
+
+def test_a_proposed_job_whose_version_moved_while_claimable_is_proposed_at_its_new_one(
+        ) -> None:
+    """The worker's claim vouches for the version it was told: a proposal left at the old
+    one would cost a refused write and a read; the inbox is rewritten instead."""
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = readers(api, {W1: 1}, ahead=0)
+    dispatcher._dispatch()
+    told = json.loads(api.presence[("ns", inbox_name(dispatcher.record.pool, W1))][
+        "metadata"]["annotations"][PROPOSALS_ANNOTATION])[0][1]
+    obj = api.stored("ns", "a")
+    obj["metadata"].setdefault("annotations", {})["note"] = "edited"
+    api.put_object(obj)  # a change that leaves it claimable: a new resourceVersion
+    now = api.stored("ns", "a")["metadata"]["resourceVersion"]
+    assert now != told
+    dispatcher.apply("MODIFIED", Observed.from_object(api.stored("ns", "a")))
+    dispatcher._dispatch()
+    entry = json.loads(api.presence[("ns", inbox_name(dispatcher.record.pool, W1))][
+        "metadata"]["annotations"][PROPOSALS_ANNOTATION])[0]
+    assert entry[:2] == ["a", now] and dispatcher.counts.inbox_writes == 2
+    assert dispatcher.counts.taken_back == 0

@@ -270,8 +270,8 @@ def test_a_proposal_stands_while_its_job_is_claimable_on_the_servers_earliest_ti
     proposed = {"ended": Proposal("ended", "1"), "missing": Proposal("missing", "1")}
     current = {"ended": ended}
     assert proposals_to_keep(proposed, current.get, ServerNow.exact(T_NOW), margin,
-                             {"ended", "missing"}) == {"ended": Proposal("ended", "1")}
+                             ["ended", "missing"]) == {"ended": Proposal("ended", "1")}
     early = ServerNow.exact(T_NOW - timedelta(milliseconds=1))
-    assert proposals_to_keep(proposed, current.get, early, margin, {"ended"}) == {}
+    assert proposals_to_keep(proposed, current.get, early, margin, ["ended"]) == {}
     assert proposals_to_keep(proposed, current.get, ServerNow.exact(T_NOW), margin,
-                             set()) == {}
+                             []) == {}

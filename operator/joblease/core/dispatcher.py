@@ -434,7 +434,7 @@ class Dispatcher:
             queue = dispatch_queue(self.view.in_order(), server_now, margin, self._live,
                                    skip=self._skipped(), limit=sum(cap.values()),
                                    adopt_within=self.adopt_within)
-            self._take_back({q.job.name for q in queue}, held, server_now, margin, now)
+            self._take_back([q.job.name for q in queue], cap, held, server_now, margin, now)
             out = {name for jobs in self.proposed.values() for name in jobs}
             free = {w: max(0, c - len(self.proposed.get(w, {}))) for w, c in cap.items()
                     if w not in self.passed_over}  # passed over in this round included
@@ -465,14 +465,15 @@ class Dispatcher:
         self._dirty.add(worker)
         self.counts.proposed += 1
 
-    def _take_back(self, wanted: set[str], held: Counter[str], server_now: ServerNow,
-                   margin: timedelta, now: float) -> None:
+    def _take_back(self, wanted: list[str], room: dict[str, int], held: Counter[str],
+                   server_now: ServerNow, margin: timedelta, now: float) -> None:
         """Drop the proposals that no longer stand; an inbox changes only if one did not.
 
         A proposal its worker took (the job Held by it) just leaves. Any other leaves with
         its worker's inbox rewritten: one whose job is no longer claimable (taken by
         another, finished: rare, a race), and one *taken back* while still claimable — when
-        a better job pushed it out of the head of the queue, when its worker is no longer
+        a better job pushed it out of the head of the queue, when its worker has no room
+        left for it (``room``: its free slots plus :attr:`ahead`), when its worker is no longer
         live (or no longer reads an inbox), when it stayed unclaimed for
         :attr:`claim_within` while its worker had a free slot (it is proposed afresh), or
         when its worker had a free slot and took none of its proposals for that long (then
@@ -493,9 +494,12 @@ class Dispatcher:
                      if free_from is None
                      or now - max(at, free_from) < self.claim_within.total_seconds()}
             keep = {} if gone or late else proposals_to_keep(
-                fresh, self._unfinished, server_now, margin, wanted)
+                fresh, self._unfinished, server_now, margin, wanted, room.get(worker, 0))
             for name in list(jobs):
                 if name in keep:
+                    if keep[name] is not jobs[name][0]:  # a newer version, still claimable
+                        jobs[name] = (keep[name], jobs[name][1])
+                        self._dirty.add(worker)  # told the version its claim will test
                     continue
                 del jobs[name]
                 obs = self._unfinished(name)

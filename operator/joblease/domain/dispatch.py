@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import json
 import re
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -218,27 +218,37 @@ def decode_proposals(value: object) -> tuple[Proposal, ...]:
 
 
 def proposals_to_keep(proposed: Mapping[str, Proposal], current: Callable[[str], Observed | None],
-                      now: ServerNow, margin: timedelta, wanted: Collection[str]
-                      ) -> dict[str, Proposal]:
+                      now: ServerNow, margin: timedelta, wanted: Sequence[str],
+                      room: int | None = None) -> dict[str, Proposal]:
     """Which of a worker's outstanding proposals still stand (the rest are taken back).
 
-    A proposal stands while its job is still claimable now (``claimable_now``) and among the
+    A proposal stands while its job is still claimable now (``claimable_now``), among the
     ``wanted`` ones (the head of the queue the dispatcher would give out now: a job that a
-    better one pushed out of that head is taken back, so an urgent job is proposed at once).
-    Its version follows the job's (a change that left it claimable).
+    better one pushed out of that head is taken back, so an urgent job is proposed at once),
+    and among the best ``room`` of them: a worker that filled its slots with jobs proposed
+    to it before (it claimed a job in the instant a better one replaced it) keeps no more
+    than it has room for, so the better job goes to the next worker that frees instead of
+    waiting for this one (safety.md #55). Its version follows the job's (a change that left
+    it claimable).
 
     Args:
         proposed: The worker's outstanding proposals, by job name.
         current: The job of a name in the dispatcher's view (``PoolView.get``).
         now: The server's time now.
         margin: The claims' clock margin.
-        wanted: The jobs the dispatcher would have out now.
+        wanted: The jobs the dispatcher would have out now, best first.
+        room: The worker's free slots (plus what it may have ahead); ``None``: no bound.
     """
+    place = {name: at for at, name in enumerate(wanted)}
+    standing = sorted((name for name in proposed if name in place), key=place.__getitem__)
     kept: dict[str, Proposal] = {}
-    for name in proposed:
+    for name in standing:
         obs = current(name)
-        if obs is not None and name in wanted and claimable_now(obs, now, margin):
-            before = proposed[name]
-            kept[name] = before if before.resource_version == obs.resource_version else (
-                Proposal(name, obs.resource_version, proposal_state(obs)))
+        if obs is None or not claimable_now(obs, now, margin):
+            continue
+        if room is not None and len(kept) >= room:
+            break
+        before = proposed[name]
+        kept[name] = before if before.resource_version == obs.resource_version else (
+            Proposal(name, obs.resource_version, proposal_state(obs)))
     return kept
