@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import joblease.domain.lease as lease_module
 import joblease.domain.pool as pool_module
 from joblease.domain.clock import ServerNow
 from joblease.domain.lease import LeaseSpec, LeaseStatus, Observed, Phase, claimable_at
@@ -186,6 +187,7 @@ def test_choose_with_10000_cached_examines_only_the_front_of_the_order(
         return claimable_at(obs, margin)
 
     monkeypatch.setattr(pool_module, "claimable_at", counting)
+    monkeypatch.setattr(lease_module, "claimable_at", counting)  # through claimable_now
     chosen = view.choose("w0", at(1), MARGIN, spread=32, per_holder=4)
     assert chosen is not None and chosen.name.startswith("m")
     assert view.live_workers(at(1)) == sorted(f"w{i}" for i in range(20))  # the holders

@@ -87,6 +87,7 @@ from joblease.domain.lease import (
     Observed,
     Phase,
     claimable_at,
+    claimable_now,
     not_before,
     parse_time,
     unadopted,
@@ -441,7 +442,7 @@ class PoolView:
     def candidates(self, now: ServerNow, margin: timedelta) -> list[Observed]:
         """The JobLeases a claim may take now (step 1), best first (step 2)."""
         return [obs for obs in self._in_order()
-                if obs.name not in self._set_aside and _ready(obs, now, margin)]
+                if obs.name not in self._set_aside and claimable_now(obs, now, margin)]
 
     def choose(self, worker: str, now: ServerNow, margin: timedelta,
                spread: int = DEFAULT_SPREAD, exclude: Collection[str] = (),
@@ -483,7 +484,7 @@ class PoolView:
             if top is not None and obs.spec.priority != top:
                 break  # a lower priority is never chosen while a higher one has a candidate
             if (obs.name in self._set_aside or obs.name in exclude
-                    or (only is not None and not only(obs)) or not _ready(obs, now, margin)):
+                    or (only is not None and not only(obs)) or not claimable_now(obs, now, margin)):
                 continue
             top = obs.spec.priority
             if len(live) == 1:
@@ -543,11 +544,6 @@ def _timed(obs: Observed) -> bool:
     st = obs.status
     return not st.phase.finished and (
         (st.phase == Phase.HELD and bool(st.holder)) or not_before(obs) is not None)
-
-
-def _ready(obs: Observed, now: ServerNow, margin: timedelta) -> bool:
-    at = claimable_at(obs, margin)
-    return at is not None and now.earliest >= at
 
 
 def is_newer(obs: Observed, current: Observed) -> bool:
