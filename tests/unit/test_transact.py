@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from joblease.core.steps import transact
-from joblease.core.transaction import MAX_CONFLICTS, ContentionError
+from joblease.core.transaction import MAX_CONFLICTS, ContentionError, UnconfirmedRefusalError
 from joblease.domain.clock import ServerNow
 from joblease.domain.errors import LeaseHeldError, StaleLeaseError
 from joblease.domain.lease import Claim, Observed, Phase, Transition, decide_claim, decide_renew
@@ -110,6 +110,35 @@ def test_a_refusal_from_a_cached_version_is_confirmed_from_a_fresh_read() -> Non
                  renew_by_a(mine), observed=mine)
     assert (err.value.current_holder, err.value.current_generation) == ("b", 2)
     assert api.requests == [GET]
+
+
+def test_a_refusal_from_a_cached_version_with_one_attempt_says_so_not_conflicting_writes(
+        ) -> None:
+    """A pool's claim from its view (``max_conflicts=1``) refused by that cached version has
+    no attempt left to confirm it: the error says what refused it, not "1 conflicting
+    writes" (no write was sent), and stays a ``ContentionError`` for the pools."""
+    api, store = setup()
+    held = transact(store, "ns", "job", claim_by("a")).observed
+    api.requests.clear()
+    with pytest.raises(UnconfirmedRefusalError) as err:
+        transact(store, "ns", "job", claim_by("b"), observed=held, max_conflicts=1)
+    assert isinstance(err.value, ContentionError)
+    message = str(err.value)
+    assert "conflicting writes" not in message
+    assert f"cached version {held.resource_version}" in message and "'a'" in message
+    assert api.requests == []  # nothing read, nothing written
+
+
+def test_a_cached_refusal_then_a_conflict_is_still_contention() -> None:
+    api, store = setup()
+    held = transact(store, "ns", "job", claim_by("a")).observed
+    api.put_object(lease_object("job", {"phase": "Available"}))  # released since the cache
+    api.refuse_next = [ConflictError(409, "Conflict", "modified")]
+    with pytest.raises(ContentionError) as err:  # refused cached, read, written: a 409
+        transact(store, "ns", "job", claim_by("b"), observed=held, max_conflicts=2)
+    assert api.requests.count(PATCH) == 2  # a's claim, then b's, refused by the 409
+    assert not isinstance(err.value, UnconfirmedRefusalError)
+    assert "conflicting writes" in str(err.value)
 
 
 def test_a_cached_version_saves_the_read_when_it_is_current() -> None:

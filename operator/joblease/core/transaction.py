@@ -45,6 +45,17 @@ class ContentionError(UnavailableError):
         super().__init__(409, "Contention", message)
 
 
+class UnconfirmedRefusalError(ContentionError):
+    """A cached version refused the transition and no attempt was left to read a fresh one.
+
+    Only with ``max_conflicts=1`` and a cached ``observed`` (a pool's claim from its view):
+    nothing was written, and what refused it may already be stale, so it says nothing
+    certain about the server's holder. A ``ContentionError`` to its callers (a pool answers
+    both by choosing again once its watch brings a newer version); its own type and
+    message so that it is not taken for writes that conflicted.
+    """
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What happened: the object as now stored, the transition written (if any), when sent."""
@@ -112,9 +123,11 @@ def transaction(namespace: str, name: str, decide: Decide, monotonic: Callable[[
         LeaseError: the protocol refused (from step 3), or the object is gone.
         ApiError: the API server refused the write for another reason (422 CEL, 403);
             ``UnavailableError`` if it could not be reached, or ``deadline`` passed.
-        ContentionError: ``max_conflicts`` attempts in a row met 409 (or lost answers).
+        ContentionError: ``max_conflicts`` attempts in a row met 409 (or lost answers);
+            ``UnconfirmedRefusalError`` if the last one was refused from ``observed``.
     """
     lost_answer: UnavailableError | None = None
+    unconfirmed: LeaseError | None = None
     for _ in range(max_conflicts):
         cached = observed is not None
         current = observed or (yield Read(namespace, name, _timeout(monotonic, deadline)))  # 1
@@ -122,10 +135,12 @@ def transaction(namespace: str, name: str, decide: Decide, monotonic: Callable[[
         now = yield ServerTime()  # 2
         try:
             transition = decide(current, now)  # 3
-        except LeaseError:
+        except LeaseError as refusal:
             if not cached:
                 raise
+            unconfirmed = refusal
             continue  # confirm the refusal from a fresh read
+        unconfirmed = None
         if transition is None:
             return Outcome(current, None, monotonic())
         sent = monotonic()
@@ -143,6 +158,11 @@ def transaction(namespace: str, name: str, decide: Decide, monotonic: Callable[[
         return Outcome(written, transition, sent)
     if lost_answer is not None:
         raise lost_answer  # the last write may have landed: say "unknown", not "refused"
+    if unconfirmed is not None:  # max_conflicts=1 from a cached version: no attempt left
+        raise UnconfirmedRefusalError(
+            f"JobLease {namespace}/{name}: refused from the caller's cached version "
+            f"{current.resource_version} ({unconfirmed}); not confirmed by a fresh read "
+            f"within {max_conflicts} attempt(s)")
     raise ContentionError(f"JobLease {namespace}/{name}: {max_conflicts} conflicting writes in a "
                           "row; giving up (is something rewriting it in a loop?)")
 
