@@ -340,3 +340,52 @@ def test_a_proposed_job_whose_version_moved_while_claimable_is_proposed_at_its_n
         "metadata"]["annotations"][PROPOSALS_ANNOTATION])[0]
     assert entry[:2] == ["a", now] and dispatcher.counts.inbox_writes == 2
     assert dispatcher.counts.taken_back == 0
+
+
+def test_a_dispatcher_taking_over_rewrites_the_live_workers_inboxes_and_deletes_the_gone_ones(
+        ) -> None:
+    """A dispatcher that died left inboxes: W1's (live) still proposes what it decided, and
+    GHOST's (gone since) would stay for ever. The next one lists the pool's inboxes once
+    it leads: it rewrites W1's with its own proposals and deletes GHOST's; an inbox of
+    another pool is left alone."""
+    from test_dispatcher_rounds import GHOST
+
+    from joblease.core.inbox import write_inbox_steps
+    from joblease.core.steps import SyncPort, drive
+    from joblease.domain.dispatch import Proposal
+    from joblease.kube.leases import LeaseStore
+
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = readers(api, {W1: 1}, ahead=0)
+    port = SyncPort(LeaseStore(api))  # type: ignore[arg-type]
+    for worker in (W1, GHOST):
+        drive(write_inbox_steps("ns", dispatcher.record.pool, worker, "dead-dispatcher",
+                                [Proposal("old", "1")]), port)
+    drive(write_inbox_steps("ns", "another-pool", GHOST, "x", [Proposal("old", "1")]), port)
+    assert inbox(api, dispatcher, W1) == ["old"] and inbox(api, dispatcher, GHOST) == ["old"]
+    dispatcher._inherit_inboxes(port)
+    dispatcher._dispatch()
+    assert inbox(api, dispatcher, W1) == ["a"]  # this dispatcher's proposal, not "old"
+    assert inbox(api, dispatcher, GHOST) is None  # deleted
+    assert ("ns", inbox_name("another-pool", GHOST)) in api.presence
+    assert dispatcher.counts.inbox_writes == 2  # W1's write, GHOST's delete
+
+
+def test_a_failed_list_of_inboxes_is_said_and_tried_again(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from joblease.core.steps import SyncPort
+    from joblease.kube.api import ForbiddenError
+    from joblease.kube.leases import LeaseStore
+
+    class Refusing(SyncPort):
+        def perform(self, step: Any) -> Any:
+            raise ForbiddenError(403, "Forbidden", "leases is forbidden")
+
+    api = FakeKubeApi()
+    dispatcher = readers(api, {W1: 1})
+    dispatcher._inherit_inboxes(Refusing(LeaseStore(api)))  # type: ignore[arg-type]
+    assert not dispatcher._inherited
+    assert "listing inboxes: 403 Forbidden" in caplog.text
+    dispatcher._inherit_inboxes(SyncPort(LeaseStore(api)))  # type: ignore[arg-type]
+    assert dispatcher._inherited

@@ -40,7 +40,7 @@ from typing import Any
 
 from joblease.core.claiming import REFUSED
 from joblease.core.feed import LeaseFeed
-from joblease.core.inbox import delete_inbox_steps, write_inbox_steps
+from joblease.core.inbox import delete_inbox_steps, list_inboxes_steps, write_inbox_steps
 from joblease.core.presence import (
     DISPATCHER_ROLE,
     PATH,
@@ -255,6 +255,7 @@ class Dispatcher:
         self._dirty: set[str] = set()  # inboxes to write
         self._writing: set[str] = set()  # inboxes being written
         self._inboxes: set[str] = set()  # inboxes this dispatcher wrote (deleted when gone)
+        self._inherited = False  # whether the inboxes found at taking over were adopted
         self._inbox_retry_at: dict[str, float] = {}  # worker → when a failed write may retry
         self.ahead, self.claim_within = ahead, claim_within
         self._stop = threading.Event()
@@ -372,6 +373,10 @@ class Dispatcher:
                 if now - renewed_at >= RENEW_SECONDS:
                     self.leader = self._hold(port)
                     renewed_at = now
+                    if not self.leader:
+                        self._inherited = False  # another may write them meanwhile
+                    elif not self._inherited:
+                        self._inherit_inboxes(port)
                 if now - listed_at >= LIST_SECONDS:
                     self._list_workers(port)
                     listed_at = now
@@ -392,6 +397,24 @@ class Dispatcher:
         except ApiError as err:
             log.warning("dispatcher of %r: its record: %s", self.selector, err)
             return False
+
+    def _inherit_inboxes(self, port: SyncPort) -> None:
+        """Once leader, take on the pool's inboxes that exist (a dead dispatcher's included).
+
+        Each is marked to write: a live worker's is rewritten with this dispatcher's
+        proposals (none yet: emptied of what the dead one decided), a gone worker's deleted
+        (``_take_back``). A failed list is tried again at the next renewal of the record.
+        """
+        try:
+            found = drive(list_inboxes_steps(self.namespace, self.record.pool), port)
+        except ApiError as err:
+            log.warning("dispatcher of %r: listing inboxes: %s", self.selector, err)
+            return
+        with self._lock:
+            self._inboxes |= found
+            self._dirty |= found
+            self._inherited = True
+            self._lock.notify_all()
 
     def _list_workers(self, port: SyncPort) -> None:
         try:

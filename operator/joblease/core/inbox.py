@@ -306,6 +306,27 @@ def write_inbox_steps(namespace: str, pool: str, holder: str, identity: str,
             "spec": {"holderIdentity": identity}}))
 
 
+def list_inboxes_steps(namespace: str, pool: str) -> Steps[set[str]]:
+    """The workers the pool's inboxes are for, whoever wrote them (one list request).
+
+    Why: a dispatcher that takes over from one that died inherits its inboxes. Those of
+    workers gone since would stay for ever, and those of live workers would keep proposing
+    what the dead dispatcher decided until written again; the new one rewrites or deletes
+    each (``Dispatcher``). An inbox without the worker annotation is skipped (not ours).
+    """
+    body: dict[str, Any] = yield Call(LeaseCall(
+        "GET", PATH.format(namespace=namespace), _raw,
+        query={"labelSelector": f"{POOL_LABEL}={pool},{ROLE_LABEL}={INBOX_ROLE}"}))
+    workers: set[str] = set()
+    for item in body.get("items") or []:
+        notes = (item.get("metadata") or {}).get("annotations") if isinstance(item, dict) else None
+        worker = notes.get(WORKER_ANNOTATION) if isinstance(notes, dict) else None
+        if isinstance(worker, str) and worker and inbox_name(pool, worker) == (
+                item.get("metadata") or {}).get("name"):
+            workers.add(worker)
+    return workers
+
+
 def delete_inbox_steps(namespace: str, pool: str, holder: str) -> Steps[None]:
     """Delete ``holder``'s inbox (its worker left); a missing one is fine."""
     path = PATH.format(namespace=namespace)
