@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=20)
     args = parser.parse_args()
+    pool._product()  # compiles the product's modules, as an install would
     with LocalCluster() as cluster:
         common.install_crd(cluster)
         kubeconfig = str(cluster.kubeconfig_for("admin"))

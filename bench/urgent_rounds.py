@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=pool.URGENT_ROUNDS)
     args = parser.parse_args()
+    pool._product()  # compiles the product's modules, as an install would
     with LocalCluster() as cluster, tempfile.TemporaryDirectory() as logs:
         common.install_crd(cluster)
         kubeconfig = str(cluster.kubeconfig_for("admin"))
