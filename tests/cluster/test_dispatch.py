@@ -254,3 +254,40 @@ def test_a_job_may_name_as_many_service_accounts_as_a_pool_has_slots_and_no_more
     with pytest.raises(InvalidError, match=r"serviceAccountNames: Too many: 65: must have at "
                                            r"most 64 items"):
         create(leases, "sixty-five", dispatch={"enabled": True, "serviceAccountNames": names})
+
+
+def test_a_dispatcher_taking_over_empties_a_live_workers_inbox_and_deletes_a_gone_ones(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        make_client: Callable[..., LeaseClient],
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    """docs/safety.md #57 on the real API server: a dispatcher that died left inboxes (one
+    of w1, live, proposing a job that is no more; one of a worker gone since). The next
+    one lists them by label once it leads: it empties w1's and deletes the other."""
+    from joblease.core.inbox import inbox_name, write_inbox_steps
+    from joblease.core.presence import pool_key
+    from joblease.domain.dispatch import PROPOSALS_ANNOTATION, Proposal
+    from joblease.kube.api import NotFoundError
+
+    w1 = worker(leases)
+    pool = open_pool(slots=1)
+    announced(pool, w1)
+    gone = f"system:serviceaccount:{leases.namespace}:gone"
+    port = SyncPort(make_client().store)
+    key = pool_key("pool=p")
+    for holder in (w1, gone):
+        drive(write_inbox_steps(leases.namespace, key, holder, "a-dead-dispatcher",
+                                [Proposal("no-such-job", "1")]), port)
+    path = f"{PATH.format(namespace=leases.namespace)}/"
+
+    def proposals(holder: str) -> str | None:
+        try:
+            obj = leases.api.request("GET", path + inbox_name(key, holder)).body
+        except NotFoundError:
+            return None
+        return str(obj["metadata"]["annotations"][PROPOSALS_ANNOTATION])
+
+    assert proposals(gone) is not None and "no-such-job" in str(proposals(w1))
+    dispatcher = dispatchers()
+    wait_for(lambda: proposals(gone) is None, 15, "the gone worker's inbox to be deleted")
+    wait_for(lambda: proposals(w1) == "[]", 15, "w1's inbox to be emptied")
+    assert dispatcher.counts.inbox_writes >= 2

@@ -240,16 +240,24 @@ def _without_rest(obs: Observed) -> Observed:
                    status=replace(obs.status, not_before=None))
 
 
+def _view_ignores_rest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pool view takes resting jobs for candidates (both names it judges them by)."""
+    original_at, original_now = pool_module.claimable_at, pool_module.claimable_now
+    monkeypatch.setattr(pool_module, "claimable_at",
+                        lambda obs, margin: original_at(_without_rest(obs), margin))
+    monkeypatch.setattr(pool_module, "claimable_now",
+                        lambda obs, now, margin: original_now(_without_rest(obs), now, margin))
+
+
 def test_rediscovers_claims_that_skip_the_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
-    original_decide, original_claimable = holder_module.decide_claim, pool_module.claimable_at
+    original_decide = holder_module.decide_claim
 
     def decide_without_rest(obs: Observed, who: str, now: Any, margin: Any,
                             claim_id: Any = None, **rest: Any) -> Any:
         return original_decide(_without_rest(obs), who, now, margin, claim_id, **rest)
 
     monkeypatch.setattr(holder_module, "decide_claim", decide_without_rest)
-    monkeypatch.setattr(pool_module, "claimable_at",
-                        lambda obs, margin: original_claimable(_without_rest(obs), margin))
+    _view_ignores_rest(monkeypatch)
     _record("claims skip the backoff", "j", _find("j", POOL, 50))
 
 
@@ -259,9 +267,7 @@ def test_a_view_that_ignores_the_rest_starves_the_job_but_never_breaks_it(
     writes against) still refuses every early claim, so j never fires; but the refused job
     is set aside until the watch shows a newer version — and a resting job's rest ends
     without any new version, so it is never tried again: h's liveness half finds it."""
-    original_claimable = pool_module.claimable_at
-    monkeypatch.setattr(pool_module, "claimable_at",
-                        lambda obs, margin: original_claimable(_without_rest(obs), margin))
+    _view_ignores_rest(monkeypatch)
     starved: list[int] = []
     for seed in range(20):
         sim = Simulation(seed, replace(POOL, faults=Faults())).run()

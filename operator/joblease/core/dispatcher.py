@@ -375,11 +375,11 @@ class Dispatcher:
                     renewed_at = now
                     if not self.leader:
                         self._inherited = False  # another may write them meanwhile
-                    elif not self._inherited:
-                        self._inherit_inboxes(port)
                 if now - listed_at >= LIST_SECONDS:
-                    self._list_workers(port)
+                    listed = self._list_workers(port)
                     listed_at = now
+                    if listed and self.leader and not self._inherited:
+                        self._inherit_inboxes(port)  # once the live workers are known
                 with self._lock:
                     self._lock.notify_all()
                 next_at = min(renewed_at + RENEW_SECONDS, listed_at + LIST_SECONDS)
@@ -403,7 +403,9 @@ class Dispatcher:
 
         Each is marked to write: a live worker's is rewritten with this dispatcher's
         proposals (none yet: emptied of what the dead one decided), a gone worker's deleted
-        (``_take_back``). A failed list is tried again at the next renewal of the record.
+        (``_take_back``). Called only after a list of the live workers succeeded: before it,
+        every worker would count as gone and its inbox be deleted. A failed list is tried
+        again with the next list of the workers.
         """
         try:
             found = drive(list_inboxes_steps(self.namespace, self.record.pool), port)
@@ -416,12 +418,13 @@ class Dispatcher:
             self._inherited = True
             self._lock.notify_all()
 
-    def _list_workers(self, port: SyncPort) -> None:
+    def _list_workers(self, port: SyncPort) -> bool:
+        """List the live workers and their slots; ``False``: the list failed (said)."""
         try:
             body: dict[str, Any] = drive(_list_records(self.namespace, self.record.pool), port)
         except ApiError as err:
             log.warning("dispatcher of %r: listing workers: %s", self.selector, err)
-            return
+            return False
         items = list(body.get("items") or [])
         now = self._now()
         live = {who for who, until in live_records(items).items() if now.earliest < until}
@@ -429,6 +432,7 @@ class Dispatcher:
             self._live = live
             self._slots = {who: n for who, n in announced_slots(items).items() if who in live}
             self._readers = inbox_readers(items) & live
+        return True
 
     def _now(self) -> ServerNow:
         return self.api.server_now()
