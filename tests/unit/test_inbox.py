@@ -275,3 +275,28 @@ def test_a_proposal_stands_while_its_job_is_claimable_on_the_servers_earliest_ti
     assert proposals_to_keep(proposed, current.get, early, margin, ["ended"]) == {}
     assert proposals_to_keep(proposed, current.get, ServerNow.exact(T_NOW), margin,
                              []) == {}
+
+
+def test_the_inboxes_listed_name_only_workers_whose_inbox_it_is() -> None:
+    """``list_inboxes_steps`` reads the list as hostile input: an item that is no object,
+    metadata or annotations of the wrong type, no worker, or a worker whose inbox has
+    another name are skipped, never raised on."""
+    from joblease.core.inbox import WORKER_ANNOTATION, inbox_name, list_inboxes_steps
+
+    def item(name: object, worker: object = None) -> dict[str, Any]:
+        notes = {} if worker is None else {WORKER_ANNOTATION: worker}
+        return {"metadata": {"name": name, "annotations": notes}}
+
+    steps = list_inboxes_steps("ns", "p")
+    call = next(steps)
+    assert call.call.query == {"labelSelector": "joblease.dev/pool=p,joblease.dev/role=inbox"}
+    items = [item(inbox_name("p", "w1"), "w1"), item(inbox_name("p", "w1"), "w2"),
+             item("other", "w3"), item(inbox_name("p", "w4")), "no object",
+             {"metadata": "no object"}, {"metadata": {"annotations": ["no", "object"]}},
+             item(inbox_name("p", "w5"), 5)]
+    try:
+        steps.send({"items": items})
+    except StopIteration as done:
+        assert done.value == {"w1"}
+    else:
+        raise AssertionError("one request only")

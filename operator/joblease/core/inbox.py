@@ -319,10 +319,12 @@ def list_inboxes_steps(namespace: str, pool: str) -> Steps[set[str]]:
         query={"labelSelector": f"{POOL_LABEL}={pool},{ROLE_LABEL}={INBOX_ROLE}"}))
     workers: set[str] = set()
     for item in body.get("items") or []:
-        notes = (item.get("metadata") or {}).get("annotations") if isinstance(item, dict) else None
+        meta = item.get("metadata") if isinstance(item, dict) else None
+        if not isinstance(meta, dict):
+            continue
+        notes = meta.get("annotations")
         worker = notes.get(WORKER_ANNOTATION) if isinstance(notes, dict) else None
-        if isinstance(worker, str) and worker and inbox_name(pool, worker) == (
-                item.get("metadata") or {}).get("name"):
+        if isinstance(worker, str) and worker and meta.get("name") == inbox_name(pool, worker):
             workers.add(worker)
     return workers
 
