@@ -439,6 +439,29 @@ def test_a_dispatcher_whose_feed_dies_says_so_and_stops(
         (logging.ERROR, f"dispatcher of {SELECTOR!r}: its watch stopped", boom)]
 
 
+def test_a_dispatcher_whose_record_thread_meets_a_bug_says_so_stops_and_leads_no_more(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not only an ``ApiError``: any exception in the record's thread (safety.md #59's kind)
+    must not leave a dispatcher that believes it leads while nothing renews its record."""
+    api = server(ServerNow.exact(T_NOW))
+    made = Dispatcher(LeaseStore(api), api, lambda: timedelta(seconds=1),  # type: ignore[arg-type]
+                      "ns", SELECTOR, "op")
+    made.feed = OneList(api)  # type: ignore[assignment]
+    boom = RuntimeError("boom")
+
+    def broken(port: Any) -> bool:
+        raise boom
+
+    monkeypatch.setattr(made, "_list_workers", broken)
+    made.start()
+    assert until(lambda: not any(t.is_alive() for t in made._threads[1:]))
+    assert not made.leader
+    made.kill()
+    assert [(r.levelno, r.getMessage(), r.exc_info and r.exc_info[1]) for r in caplog.records
+            if r.levelno >= logging.WARNING] == [
+        (logging.ERROR, f"dispatcher of {SELECTOR!r}: its record thread stopped", boom)]
+
+
 def test_a_dispatchers_defaults() -> None:
     from joblease.core.dispatcher import IN_FLIGHT, MAX_SLOTS
     from joblease.domain.dispatch import ADOPT_WITHIN

@@ -388,6 +388,10 @@ class Dispatcher:
                 self._stop.wait(min(0.2, max(0.0, next_at - self.api.monotonic())))
         except Stopped:
             return
+        except Exception:  # a bug: stop dispatching, as when the watch dies; the record lapses
+            log.exception("dispatcher of %r: its record thread stopped", self.selector)
+            self.leader = False
+            self._stop.set()
 
     def _hold(self, port: SyncPort) -> bool:
         with self._lock:
