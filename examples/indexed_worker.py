@@ -15,6 +15,11 @@ the pod Succeeds, the Job counts the index, and the operator completes the lease
 pod's token. Refused by the fence, it exits 3: the pod Fails (the Job may retry the index;
 the lease was not this pod's any more).
 
+A pause inside the fenced write holds the fence's row lock: the index's next pod would wait
+behind it. The fence bounds that (``max_idle_in_transaction``, one second: the transaction
+is one INSERT); the server ends the frozen session, and once running again this pod retries
+on a new connection with the same idempotency key (refused as stale, or applied once).
+
 The pod is Ready only while this process beats (``/tmp/heartbeat``, the readiness probe in
 the Job's template): the operator renews only for a Ready pod, so a frozen process lets the
 lease lapse.
@@ -28,6 +33,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +46,7 @@ from joblease.pod.downward import TokenFile
 
 HEARTBEAT = Path("/tmp/heartbeat")
 REFUSED = 3
+SESSION_ENDED = (psycopg.errors.IdleInTransactionSessionTimeout, psycopg.OperationalError)
 TABLE = ("CREATE TABLE IF NOT EXISTS indexed_rows (lease text, step int, generation bigint, "
          "token text, writer text, at timestamptz DEFAULT clock_timestamp())")
 
@@ -70,15 +77,39 @@ def work(seconds: float) -> None:
         beat()
 
 
+def connect() -> psycopg.Connection[Any]:
+    """A new autocommit connection to the database the job writes to."""
+    return psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+
+
+def write_fenced(conn: psycopg.Connection[Any], fence: PostgresFence, lease: str,
+                 token: FencingToken, key: str,
+                 insert: Callable[[psycopg.Cursor[Any]], None]) -> psycopg.Connection[Any]:
+    """One fenced write; once more on a new connection if the server ended the session.
+
+    Returns the connection to go on with. The same idempotency key makes the retry safe.
+    """
+    try:
+        fence.write(conn, lease, token, key, insert)
+        return conn
+    except SESSION_ENDED as err:
+        say(f"the database ended the session mid-write ({err}); retrying")
+        conn.close()
+    conn = connect()
+    fence.write(conn, lease, token, key, insert)
+    return conn
+
+
 def main() -> int:
     """Write ``JOBLEASE_STEPS`` fenced rows for this index, then exit 0."""
     lease = f"{os.environ['JOBLEASE_LEASE_PREFIX']}-{os.environ['JOB_COMPLETION_INDEX']}"
     steps = int(os.environ.get("JOBLEASE_STEPS", "10"))
     step_seconds = float(os.environ.get("JOBLEASE_STEP_SECONDS", "1"))
     writer = os.environ.get("POD_NAME", "?")
-    tokens, fence = TokenFile(), PostgresFence()
+    tokens, fence = TokenFile(), PostgresFence(max_idle_in_transaction=1.0)
     beat()
-    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+    conn = connect()
+    try:
         fence.install(conn)
         conn.execute(TABLE)
         token = wait_for_token(tokens)
@@ -99,11 +130,13 @@ def main() -> int:
                             (lease, step, token.generation, str(token), writer))
 
             try:
-                fence.write(conn, lease, token, None, insert)
+                conn = write_fenced(conn, fence, lease, token, f"step-{step}", insert)
             except StaleTokenError as err:
                 say(f"refused by the fence: {err}")
                 return REFUSED
             say(f"wrote step {step} with token {token}")
+    finally:
+        conn.close()
     return 0
 
 

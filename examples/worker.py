@@ -14,6 +14,13 @@ The pod is Ready only while this process beats (``/tmp/heartbeat``, see the Depl
 readiness probe): the operator renews a delegated lease only for a Ready pod, so a frozen
 process lets the lease expire and the other replica takes over with the next generation.
 
+A pause can also land inside the fenced write, with the fence's row lock held: the next
+holder would wait behind the frozen pod for as long as it stays frozen. The fence bounds
+that (``max_idle_in_transaction``, one second here: the transaction is one INSERT); the
+server then ends this pod's session, and once running again it retries the write on a new
+connection with the same idempotency key, so the retry is refused as stale, or applied at
+most once.
+
 Environment: ``JOBLEASE_JOB`` (the lease name, also the fenced resource), ``DATABASE_URL``,
 ``JOBLEASE_STEP_SECONDS`` (the work of one step, default 5).
 Exit codes: 0 the token moved away (another pod holds it now), 4 refused by the fence.
@@ -21,6 +28,7 @@ Exit codes: 0 the token moved away (another pod holds it now), 4 refused by the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
@@ -28,11 +36,13 @@ from pathlib import Path
 
 import psycopg
 
+from joblease.domain.token import FencingToken
 from joblease.fencing import StaleTokenError
 from joblease.fencing.postgres import PostgresFence
 from joblease.pod.downward import TokenFile
 
 HEARTBEAT = Path("/tmp/heartbeat")
+SESSION_ENDED = (psycopg.errors.IdleInTransactionSessionTimeout, psycopg.OperationalError)
 
 
 def beat() -> None:
@@ -40,12 +50,41 @@ def beat() -> None:
     HEARTBEAT.touch()
 
 
+def connect() -> psycopg.Connection[tuple[object, ...]]:
+    """A new autocommit connection to the database the job writes to."""
+    return psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+
+
+def write_row(conn: psycopg.Connection[tuple[object, ...]], fence: PostgresFence, job: str,
+              token: FencingToken, key: str) -> psycopg.Connection[tuple[object, ...]]:
+    """One fenced INSERT; once more on a new connection if the server ended the session.
+
+    Returns the connection to go on with. The retry carries the same idempotency key, so a
+    write that did commit before the session ended is not applied twice.
+    """
+    def insert(cur: psycopg.Cursor[tuple[object, ...]]) -> None:
+        cur.execute("INSERT INTO report (job, token, writer) VALUES (%s, %s, %s)",
+                    (job, str(token), os.environ.get("POD_NAME", "?")))
+
+    try:
+        fence.write(conn, job, token, key, insert)
+        return conn
+    except SESSION_ENDED as err:
+        print(f"the database ended the session mid-write ({err}); retrying", flush=True)
+        conn.close()
+    conn = connect()
+    fence.write(conn, job, token, key, insert)
+    return conn
+
+
 def main() -> int:
     """Wait for the token, then do one fenced step after another until it moves away."""
-    job, tokens, fence = os.environ["JOBLEASE_JOB"], TokenFile(), PostgresFence()
+    job, tokens = os.environ["JOBLEASE_JOB"], TokenFile()
+    fence = PostgresFence(max_idle_in_transaction=1.0)
     step_seconds = float(os.environ.get("JOBLEASE_STEP_SECONDS", "5"))
     beat()
-    with psycopg.connect(os.environ["DATABASE_URL"], autocommit=True) as conn:
+    conn = connect()
+    try:
         fence.install(conn)
         conn.execute("CREATE TABLE IF NOT EXISTS report (job text, token text, writer text, "
                      "at timestamptz DEFAULT clock_timestamp())")
@@ -55,7 +94,7 @@ def main() -> int:
             time.sleep(0.5)
             held = tokens.read()
         print(f"holding {job} with token {held}", flush=True)
-        while True:
+        for step in itertools.count(1):
             beat()
             current = tokens.read()
             if current is None or current.token != held.token:
@@ -66,13 +105,14 @@ def main() -> int:
                 time.sleep(0.5)
                 beat()
             try:
-                fence.write(conn, job, held.token, None, lambda cur: cur.execute(
-                    "INSERT INTO report (job, token, writer) VALUES (%s, %s, %s)",
-                    (job, str(held.token), os.environ.get("POD_NAME", "?"))))
+                conn = write_row(conn, fence, job, held.token, f"step-{step}")
             except StaleTokenError as err:
                 print(f"refused by the fence: {err}", flush=True)
                 return 4
             print(f"wrote a row with token {held.token}", flush=True)
+        return 0  # not reached: itertools.count never ends
+    finally:
+        conn.close()
 
 
 if __name__ == "__main__":

@@ -342,3 +342,129 @@ def test_async_counters_move_like_the_sync_ones(fresh_dsn: str) -> None:
     asyncio.run(scenario())
     after = _pg_counts()
     assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 1, 1)
+
+
+def test_a_writer_frozen_in_its_transaction_holds_the_next_holder_up_only_to_the_limit(
+    conn: psycopg.Connection[Any], fresh_dsn: str
+) -> None:
+    """A freezes holding the fence row (SIGSTOP mid-write); B's write waits about the limit.
+
+    Without the limit B waits for as long as A stays frozen: CI saw the successor pod of the
+    user journey write nothing for a minute (safety.md #61). Here B's ``lock_timeout`` of 10 s
+    turns that wait into a failure; the server ends A's session after 1 s instead, and A's
+    retry after it runs again is refused like any stale write.
+    """
+    fence = PostgresFence(max_idle_in_transaction=1.0)
+    inside, thaw = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def frozen(cur: psycopg.Cursor[Any]) -> str:
+        inside.set()
+        thaw.wait(30)  # the server hears nothing from A while it holds the row lock
+        return put("A", T7)(cur)
+
+    def writer_a() -> None:
+        try:
+            with psycopg.connect(fresh_dsn) as c:
+                outcome.append(fence.write(c, "job-1", T7, "a-1", frozen))
+        except Exception as e:  # the assertions below say which one it must be
+            outcome.append(e)
+
+    thread = threading.Thread(target=writer_a)
+    thread.start()
+    assert inside.wait(10)
+    began = time.monotonic()
+    with psycopg.connect(fresh_dsn, options="-c lock_timeout=10s") as b:
+        assert isinstance(fence.write(b, "job-1", T8, "b-1", put("B", T8)), Applied)
+    waited = time.monotonic() - began
+    thaw.set()
+    thread.join(10)
+    assert 0.5 < waited < 5, f"B waited {waited:.2f}s behind the frozen writer"
+    assert len(outcome) == 1 and isinstance(
+        outcome[0], psycopg.errors.IdleInTransactionSessionTimeout), outcome
+    with (
+        psycopg.connect(fresh_dsn) as retry,
+        pytest.raises(StaleTokenError, match=r"4711/7 .* 4711/8"),
+    ):
+        fence.write(retry, "job-1", T7, "a-1", put("A", T7))
+    assert output(conn) == ("B", "4711/8")
+    assert log_count(conn) == 1
+
+
+def test_async_writer_frozen_in_its_transaction_holds_the_next_up_only_to_the_limit(
+    conn: psycopg.Connection[Any], fresh_dsn: str
+) -> None:
+    """The frozen-writer story of the sync test, told with ``AsyncPostgresFence``."""
+    fence = AsyncPostgresFence(max_idle_in_transaction=1.0)
+
+    def put_async(value: str, token: FencingToken) -> Callable[[Any], Any]:
+        async def fn(cur: psycopg.AsyncCursor[Any]) -> str:
+            await cur.execute("INSERT INTO job_output VALUES ('job-1', %s, %s) ON CONFLICT (job)"
+                              " DO UPDATE SET value = excluded.value, token = excluded.token",
+                              (value, str(token)))
+            return value
+
+        return fn
+
+    async def scenario() -> float:
+        inside, thaw = asyncio.Event(), asyncio.Event()
+
+        async def frozen(cur: psycopg.AsyncCursor[Any]) -> str:
+            inside.set()
+            await thaw.wait()
+            return str(await put_async("A", T7)(cur))
+
+        async def writer_a() -> object:
+            async with await psycopg.AsyncConnection.connect(fresh_dsn) as c:
+                return await fence.write(c, "job-1", T7, "a-1", frozen)
+
+        task = asyncio.create_task(writer_a())
+        await asyncio.wait_for(inside.wait(), 10)
+        began = time.monotonic()
+        async with await psycopg.AsyncConnection.connect(
+                fresh_dsn, options="-c lock_timeout=10s") as b:
+            assert isinstance(await fence.write(b, "job-1", T8, "b-1", put_async("B", T8)),
+                              Applied)
+        waited = time.monotonic() - began
+        thaw.set()
+        with pytest.raises(psycopg.errors.IdleInTransactionSessionTimeout):
+            await asyncio.wait_for(task, 10)
+        async with await psycopg.AsyncConnection.connect(fresh_dsn) as retry:
+            with pytest.raises(StaleTokenError, match=r"4711/7 .* 4711/8"):
+                await fence.write(retry, "job-1", T7, "a-1", put_async("A", T7))
+        return waited
+
+    waited = asyncio.run(scenario())
+    assert 0.5 < waited < 5, f"B waited {waited:.2f}s behind the frozen writer"
+    assert output(conn) == ("B", "4711/8")
+
+
+def _idle_limit(cur: Any) -> str:
+    row = cur.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+    return str(row[0])
+
+
+def test_the_limit_holds_in_the_fences_own_transaction_only(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """Set for the fenced transaction, gone after it; a caller's transaction keeps its own."""
+    fence = PostgresFence(max_idle_in_transaction=1.5)
+    before = _idle_limit(conn.cursor())
+    conn.commit()
+    seen = fence.write(conn, "job-1", T7, None, _idle_limit)
+    assert isinstance(seen, Applied) and seen.value == "1500ms"
+    assert _idle_limit(conn.cursor()) == before
+    conn.commit()
+    with conn.transaction():
+        conn.execute("SET LOCAL idle_in_transaction_session_timeout = '42s'")
+        seen = fence.write(conn, "job-1", T8, None, _idle_limit)
+        assert isinstance(seen, Applied) and seen.value == "42s"
+    kept = PostgresFence(max_idle_in_transaction=None).write(conn, "job-1", T8, "k", _idle_limit)
+    assert isinstance(kept, Applied) and kept.value == before
+
+
+@pytest.mark.parametrize("fence_class", [PostgresFence, AsyncPostgresFence])
+@pytest.mark.parametrize("limit", [0, -1.0, float("nan"), float("inf"), True, "5"])
+def test_a_bad_idle_limit_is_refused_naming_it(fence_class: Any, limit: Any) -> None:
+    with pytest.raises(ValueError, match=r"max_idle_in_transaction .* got "):
+        fence_class(max_idle_in_transaction=limit)

@@ -296,7 +296,11 @@ def test_user_journey(release: Release, node_ns: str, pg: PostgresServer) -> Non
         wait_for(lambda: not nc.pod_ready(ns, a), 30, f"{a} not Ready while paused")
         # Step 5: the other pod takes over with the next generation and writes.
         wait_for(lambda: _holder(nc, ns) == (b, n + 1), 60, f"{b} to hold generation {n + 1}")
-        wait_for(lambda: "wrote a row" in _log(nc, ns, b), 60, f"{b} to write")
+        try:
+            wait_for(lambda: "wrote a row" in _log(nc, ns, b), 60, f"{b} to write")
+        except AssertionError as err:  # say why: the logs of both pods (CI saw this once)
+            raise AssertionError(f"{err}\n--- {a}:\n{_log(nc, ns, a)[-2000:]}\n--- {b}:\n"
+                                 f"{_log(nc, ns, b)[-2000:]}") from err
         handover = time.monotonic() - paused
     # Step 6: the paused worker resumes into its write with generation n: refused, exit 4.
     wait_for(lambda: _last_exit(nc, ns, a) == 4, 60, f"{a} to exit 4 (refused by the fence)")

@@ -52,14 +52,28 @@ Called inside a transaction the caller already opened, :meth:`PostgresFence.writ
 savepoint of it; the row lock is then held, and nothing is durable, until the caller commits.
 Under REPEATABLE READ or SERIALIZABLE, PostgreSQL may raise a serialization failure instead
 of waiting; that propagates and the caller may retry.
+
+A writer frozen inside its transaction (SIGSTOP, a GC pause, a frozen VM) holds the row lock,
+and every later writer of the resource, the new holder included, waits behind it for as long
+as it stays frozen. So a transaction the fence opens first sets PostgreSQL's
+``idle_in_transaction_session_timeout`` for itself (``SET LOCAL``, through ``set_config``):
+after ``max_idle_in_transaction`` seconds without a statement from the client, the server
+ends the session, rolls the transaction back and releases the lock. The frozen writer, once
+it runs again, gets ``psycopg.errors.IdleInTransactionSessionTimeout`` (or a connection
+error); its write never happened, and a retry on a new
+connection is judged like any other (refused, if the token moved on). Keep the limit below
+the lease's duration, so a successor waits less than it needs to keep its own lease. A
+transaction the caller opened is the caller's: the fence leaves its settings alone.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.rows import tuple_row
 
 from joblease.domain.token import FencingToken
@@ -98,6 +112,11 @@ _RAISE_TOKEN = """UPDATE joblease_fence SET epoch = %s, generation = %s, updated
 _PRUNE_KEYS = """DELETE FROM joblease_fence_applied
     WHERE resource = %s AND (epoch, generation) < (%s, %s)"""
 _HIGHEST = "SELECT epoch, generation FROM joblease_fence WHERE resource = %s"
+_LIMIT_IDLE = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+
+DEFAULT_MAX_IDLE_IN_TRANSACTION = 5.0
+"""Seconds a writer may stay silent inside a transaction the fence opened: a fenced write is
+a few statements, so a longer silence is a frozen or lost client holding the row lock."""
 
 Statement = tuple[str, tuple[Any, ...]]
 
@@ -105,9 +124,23 @@ Statement = tuple[str, tuple[Any, ...]]
 class PostgresFence:
     """Fence writes to PostgreSQL tables with the ``joblease_fence`` tables.
 
-    Stateless: every call takes the connection to use, so it works with a pool, a
-    connection the caller manages, or a transaction the caller has already opened.
+    Stateless but for its setting: every call takes the connection to use, so it works with
+    a pool, a connection the caller manages, or a transaction the caller has already opened.
+
+    Args:
+        max_idle_in_transaction: Seconds after which PostgreSQL ends a session that went
+            silent inside a transaction the fence opened (see the module), so a frozen
+            predecessor holds the lock at most this long; ``None`` keeps the server's
+            setting. Raise it if ``fn`` computes for longer between its statements.
+
+    Raises:
+        ValueError: ``max_idle_in_transaction`` is not a positive finite number.
     """
+
+    def __init__(
+        self, max_idle_in_transaction: float | None = DEFAULT_MAX_IDLE_IN_TRANSACTION
+    ) -> None:
+        self._limit_idle = _limit_idle_statement(max_idle_in_transaction)
 
     def install(self, conn: psycopg.Connection[Any]) -> None:
         """Create the fence tables if they do not exist (safe to call concurrently)."""
@@ -157,7 +190,10 @@ class PostgresFence:
         idempotency_key: str | None,
         fn: Callable[[psycopg.Cursor[Any]], T],
     ) -> Applied[T] | Duplicate:
+        limit_idle = _when_fence_opens(conn.info.transaction_status, self._limit_idle)
         with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+            for statement in limit_idle:
+                cur.execute(*statement)
             created = _execute_one(cur, _ensure_row(resource, token)) is not None
             previous = _check(resource, token, _execute_one(cur, _lock_row(resource, token)))
             if idempotency_key is not None and (
@@ -182,7 +218,19 @@ class PostgresFence:
 
 
 class AsyncPostgresFence:
-    """:class:`PostgresFence` for ``psycopg.AsyncConnection`` (same SQL, same semantics)."""
+    """:class:`PostgresFence` for ``psycopg.AsyncConnection`` (same SQL, same semantics).
+
+    Args:
+        max_idle_in_transaction: As for :class:`PostgresFence`.
+
+    Raises:
+        ValueError: As for :class:`PostgresFence`.
+    """
+
+    def __init__(
+        self, max_idle_in_transaction: float | None = DEFAULT_MAX_IDLE_IN_TRANSACTION
+    ) -> None:
+        self._limit_idle = _limit_idle_statement(max_idle_in_transaction)
 
     async def install(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Create the fence tables if they do not exist (safe to call concurrently)."""
@@ -216,7 +264,10 @@ class AsyncPostgresFence:
         idempotency_key: str | None,
         fn: Callable[[psycopg.AsyncCursor[Any]], Awaitable[T]],
     ) -> Applied[T] | Duplicate:
+        limit_idle = _when_fence_opens(conn.info.transaction_status, self._limit_idle)
         async with conn.transaction(), conn.cursor(row_factory=tuple_row) as cur:
+            for statement in limit_idle:
+                await cur.execute(*statement)
             await cur.execute(*_ensure_row(resource, token))
             created = await cur.fetchone() is not None
             await cur.execute(*_lock_row(resource, token))
@@ -230,6 +281,26 @@ class AsyncPostgresFence:
             async with conn.cursor() as user_cursor:
                 value = await fn(user_cursor)
         return Applied(resource, token, None if created else previous, value)
+
+
+def _limit_idle_statement(seconds: float | None) -> tuple[Statement, ...]:
+    """The statement that bounds the fence's own transactions' silence (none for ``None``)."""
+    if seconds is None:
+        return ()
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+        math.isfinite(seconds) and seconds > 0
+    ):
+        raise ValueError(
+            f"max_idle_in_transaction must be a positive finite number of seconds or None, "
+            f"got {seconds!r}")
+    return ((_LIMIT_IDLE, (f"{max(1, math.ceil(seconds * 1000))}ms",)),)
+
+
+def _when_fence_opens(
+    status: TransactionStatus, statements: tuple[Statement, ...]
+) -> tuple[Statement, ...]:
+    """``statements`` if the fence's transaction is a new one, none in the caller's own."""
+    return statements if status == TransactionStatus.IDLE else ()
 
 
 def _ensure_row(resource: str, token: FencingToken) -> Statement:
