@@ -344,8 +344,9 @@ def test_async_counters_move_like_the_sync_ones(fresh_dsn: str) -> None:
     assert tuple(a - b for a, b in zip(after, before, strict=True)) == (1, 1, 1)
 
 
+@pytest.mark.parametrize("autocommit", [False, True], ids=["implicit", "autocommit"])
 def test_a_writer_frozen_in_its_transaction_holds_the_next_holder_up_only_to_the_limit(
-    conn: psycopg.Connection[Any], fresh_dsn: str
+    conn: psycopg.Connection[Any], fresh_dsn: str, autocommit: bool
 ) -> None:
     """A freezes holding the fence row (SIGSTOP mid-write); B's write waits about the limit.
 
@@ -365,7 +366,7 @@ def test_a_writer_frozen_in_its_transaction_holds_the_next_holder_up_only_to_the
 
     def writer_a() -> None:
         try:
-            with psycopg.connect(fresh_dsn) as c:
+            with psycopg.connect(fresh_dsn, autocommit=autocommit) as c:
                 outcome.append(fence.write(c, "job-1", T7, "a-1", frozen))
         except Exception as e:  # the assertions below say which one it must be
             outcome.append(e)
