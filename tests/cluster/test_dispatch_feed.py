@@ -17,6 +17,7 @@ record lives 5 s here (:data:`RECORD_SECONDS`) and the workers list presence eve
 # ruff: noqa: F811  (the open_pool fixture is imported, then taken as an argument)
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -177,3 +178,34 @@ def test_a_narrow_worker_told_until_empty_stops_once_the_dispatcher_counts_none_
     wait_for(lambda: pool.engine.pool_unfinished == 0, 10, "the dispatcher's count of 0")
     assert pool.claim_next(w1, timeout=30, until_empty=True) is None and pool.unfinished() == 0
     assert pool.scope == Scope(w1, own=False)
+
+
+def test_a_narrow_worker_told_until_empty_stops_when_its_inbox_says_so_not_seconds_later(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    """#62: the dispatcher marks the inbox of a worker that announced ``until_empty`` the
+    moment the pool empties; before, it learnt so from the record at its next presence list.
+
+    Presence lists every 12 s here once the job is held, so the record's count cannot reach
+    the worker in time: it must stop on the mark, with the record's count still 1 and its
+    view still narrow (the record lives 30 s: a list 12 s apart still finds it alive).
+    """
+    w1 = worker(leases)
+    pool = open_pool(slots=1)
+    announced(pool, w1)
+    create(leases, "last", dispatch=OPT_IN)
+    dispatcher = dispatchers(record_seconds=30)
+    narrow(pool, w1)
+    lease = pool.claim_next(w1, timeout=10, until_empty=True)
+    assert lease is not None and lease.name == "last"
+    wait_for(lambda: w1 in dispatcher._waiters, 15, "the dispatcher to know w1 stops when empty")
+    wait_for(lambda: pool.engine.pool_unfinished == 1, 10, "the record's count of 1")
+    pool.presence.every = 12  # below the record's 15 s life; no list for ~10 s from now
+    time.sleep(1)  # presence is in its long sleep
+    lease.complete("done")
+    began = time.monotonic()
+    assert pool.claim_next(w1, timeout=20, until_empty=True) is None
+    took = time.monotonic() - began
+    assert took < 4, f"stopped {took:.1f}s after the pool emptied"
+    assert pool.engine.pool_unfinished == 1  # the record's count never told it
+    assert pool.scope == narrowed(pool, w1) and pool.unfinished() == 0

@@ -19,7 +19,7 @@ from test_dispatcher_rounds import OPT_IN, W1, W2, InLine, dispatcher_over, job
 
 from joblease.core.dispatcher import PASS_OVER_SECONDS, Dispatcher
 from joblease.core.inbox import inbox_name
-from joblease.domain.dispatch import PROPOSALS_ANNOTATION
+from joblease.domain.dispatch import POOL_EMPTY_ANNOTATION, PROPOSALS_ANNOTATION
 from joblease.domain.errors import format_time
 from joblease.domain.lease import Observed
 from joblease.kube.api import UnavailableError
@@ -389,3 +389,81 @@ def test_a_failed_list_of_inboxes_is_said_and_tried_again(
     assert "listing inboxes: 403 Forbidden" in caplog.text
     dispatcher._inherit_inboxes(SyncPort(LeaseStore(api)))  # type: ignore[arg-type]
     assert dispatcher._inherited
+
+
+def marked(api: FakeKubeApi, dispatcher: Dispatcher, worker: str) -> bool | None:
+    """Whether ``worker``'s inbox says the pool is empty (``None``: no inbox)."""
+    stored = api.presence.get(("ns", inbox_name(dispatcher.record.pool, worker)))
+    if stored is None:
+        return None
+    return stored["metadata"]["annotations"].get(POOL_EMPTY_ANNOTATION) == "true"
+
+
+def completed(api: FakeKubeApi, dispatcher: Dispatcher, name: str, worker: str) -> None:
+    at = format_time(T_NOW)
+    job(api, name, {"phase": "Completed", "holder": worker, "generation": 1, "epoch": 1,
+                    "finishTime": at})
+    dispatcher.apply("MODIFIED", Observed.from_object(api.stored("ns", name)))
+
+
+def test_a_worker_that_stops_when_empty_is_told_so_in_its_inbox_and_untold_when_a_job_comes(
+        ) -> None:
+    """#62: a narrow worker learnt the pool was empty only from the dispatcher's record, read
+    at its next presence list: it exited 6.6-8.3 s after the last job in the bench."""
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = readers(api, {W1: 1, W2: 1}, ahead=0)
+    dispatcher._waiters = {W1}  # only W1 announced --until-empty
+    dispatcher._dispatch()
+    proposed_to = W1 if inbox(api, dispatcher, W1) == ["a"] else W2
+    assert marked(api, dispatcher, W1) in (False, None)  # a job is left: no mark
+    held_by(api, dispatcher, "a", proposed_to)
+    dispatcher._dispatch()
+    writes = dispatcher.counts.inbox_writes
+    completed(api, dispatcher, "a", proposed_to)
+    dispatcher._dispatch()  # none left: W1's inbox is marked, in one write; W2's is not
+    assert marked(api, dispatcher, W1) is True
+    assert marked(api, dispatcher, W2) in (False, None)
+    assert dispatcher.counts.inbox_writes == writes + 1
+    dispatcher._dispatch()  # nothing changed: no write
+    assert dispatcher.counts.inbox_writes == writes + 1
+    created(api, dispatcher, "b")
+    dispatcher._dispatch()  # a job again: the mark is taken back at once
+    assert marked(api, dispatcher, W1) is False
+    assert sorted(n for w in (W1, W2) for n in inbox(api, dispatcher, w) or []) == ["b"]
+
+
+def test_a_failed_marking_write_is_written_again() -> None:
+    api = FakeKubeApi()
+    dispatcher = readers(api, {W1: 1}, ahead=0)
+    dispatcher._waiters = {W1}
+    real, calls = api.request, {"n": 0}
+
+    def flaky(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if "joblease-inbox-" in path and calls["n"] == 0:
+            calls["n"] += 1
+            raise UnavailableError(0, "Unavailable", "connection reset")
+        return real(method, path, *args, **kwargs)
+
+    api.request = flaky  # type: ignore[method-assign]
+    dispatcher._dispatch()  # the pool is empty from the start: the mark's write fails
+    assert marked(api, dispatcher, W1) is None and dispatcher.counts.failed == 1
+    api._monotonic += 1.1
+    dispatcher._dispatch()
+    assert marked(api, dispatcher, W1) is True
+
+
+def test_a_worker_that_does_not_stop_when_empty_gets_no_write_for_it() -> None:
+    """A trickle would otherwise pay an inbox write per worker at each job, twice."""
+    api = FakeKubeApi()
+    dispatcher = readers(api, {W1: 1, W2: 1}, ahead=0)
+    dispatcher._dispatch()
+    created(api, dispatcher, "a")
+    dispatcher._dispatch()
+    taker = W1 if inbox(api, dispatcher, W1) == ["a"] else W2
+    held_by(api, dispatcher, "a", taker)
+    dispatcher._dispatch()  # taken: it leaves the books with no write
+    completed(api, dispatcher, "a", taker)
+    dispatcher._dispatch()  # the pool is empty again: nobody to tell
+    assert dispatcher.counts.inbox_writes == 1  # the proposal only
+    assert marked(api, dispatcher, taker) is False

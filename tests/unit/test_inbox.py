@@ -10,14 +10,22 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from joblease.core.inbox import Inbox, inbox_name, read_inbox, write_inbox_steps
-from joblease.core.presence import INBOX_ANNOTATION, SLOTS_ANNOTATION, Presence, pool_key
+from joblease.core.presence import (
+    EMPTY_WAIT_ANNOTATION,
+    INBOX_ANNOTATION,
+    SLOTS_ANNOTATION,
+    Presence,
+    pool_key,
+)
 from joblease.core.steps import Call, Sleep, Watch
 from joblease.domain.dispatch import (
     MAX_PROPOSALS,
+    POOL_EMPTY_ANNOTATION,
     PROPOSALS_ANNOTATION,
     Proposal,
     decode_proposals,
@@ -70,10 +78,12 @@ def test_an_inbox_object_of_any_shape_reads_as_its_proposals_or_none() -> None:
 class Sink:
     def __init__(self) -> None:
         self.seen: list[tuple[Proposal, ...]] = []
+        self.marks: list[bool] = []  # pool_empty, delivery by delivery
         self.refused = 0
 
-    def inbox(self, proposals: tuple[Proposal, ...]) -> None:
+    def inbox(self, proposals: tuple[Proposal, ...], pool_empty: bool = False) -> None:
         self.seen.append(proposals)
+        self.marks.append(pool_empty)
 
     def inbox_refused(self) -> None:
         self.refused += 1
@@ -114,10 +124,23 @@ def test_a_refused_inbox_is_emptied_and_the_worker_announces_it_reads_none() -> 
         steps.throw(ForbiddenError(403, "Forbidden", "cannot watch leases"))
     assert inbox.enabled is False and sink.seen == [()] and sink.refused == 1
     presence = Presence("ns", "team=batch", "w", slots=2)
-    assert _annotations(presence) == {SLOTS_ANNOTATION: "2", INBOX_ANNOTATION: "1"}
+    # a stale announcement of an earlier process of this holder is removed (null)
+    assert _annotations(presence) == {SLOTS_ANNOTATION: "2", INBOX_ANNOTATION: "1",
+                                      EMPTY_WAIT_ANNOTATION: None}
     assert _annotations(presence) is None  # announced once, then only renewed
     presence.stop_reading_inbox()
-    assert _annotations(presence) == {SLOTS_ANNOTATION: "2", INBOX_ANNOTATION: None}
+    assert _annotations(presence) == {SLOTS_ANNOTATION: "2", INBOX_ANNOTATION: None,
+                                      EMPTY_WAIT_ANNOTATION: None}
+    assert _annotations(presence) is None
+
+
+def test_a_worker_announces_once_that_it_stops_when_the_pool_is_empty() -> None:
+    presence = Presence("ns", "team=batch", "w", slots=1)
+    assert _annotations(presence) is not None
+    presence.wait_for_empty()
+    presence.wait_for_empty()  # asked again by every claim: announced once
+    assert _annotations(presence) == {SLOTS_ANNOTATION: "1", INBOX_ANNOTATION: "1",
+                                      EMPTY_WAIT_ANNOTATION: "1"}
     assert _annotations(presence) is None
 
 
@@ -141,7 +164,7 @@ def test_an_inbox_is_created_with_the_pools_label_an_inbox_role_and_no_renew_tim
                               [Proposal("a", "3")])
     patch = steps.send(None)
     assert patch.call.method == "PATCH" and patch.call.body == {"metadata": {"annotations": {
-        PROPOSALS_ANNOTATION: '[["a","3"]]'}}}
+        PROPOSALS_ANNOTATION: '[["a","3"]]', POOL_EMPTY_ANNOTATION: None}}}  # a mark removed
     from joblease.kube.api import NotFoundError
     create = steps.throw(NotFoundError(404, "NotFound", "no inbox"))
     body = create.call.body
@@ -300,3 +323,33 @@ def test_the_inboxes_listed_name_only_workers_whose_inbox_it_is() -> None:
         assert done.value == {"w1"}
     else:
         raise AssertionError("one request only")
+
+
+def test_the_empty_pool_mark_is_written_removed_and_created_only_when_set() -> None:
+    from joblease.kube.api import NotFoundError
+    marked = write_inbox_steps("ns", pool_key("team=batch"), "w", "op", [], pool_empty=True)
+    patch = marked.send(None)
+    assert patch.call.body["metadata"]["annotations"][POOL_EMPTY_ANNOTATION] == "true"
+    create = marked.throw(NotFoundError(404, "NotFound", "no inbox"))
+    assert create.call.body["metadata"]["annotations"][POOL_EMPTY_ANNOTATION] == "true"
+    plain = write_inbox_steps("ns", pool_key("team=batch"), "w", "op", [])
+    plain.send(None)
+    created = plain.throw(NotFoundError(404, "NotFound", "no inbox"))
+    assert POOL_EMPTY_ANNOTATION not in created.call.body["metadata"]["annotations"]
+
+
+@pytest.mark.parametrize("value", ["true", "True", "1", "yes", True, None, ["true"]])
+def test_only_the_exact_mark_says_the_pool_is_empty_read_or_watched(value: Any) -> None:
+    """Hostile but storable annotations: anything but the string ``true`` is no mark."""
+    obj = inbox_object("7", "a")
+    obj["metadata"]["annotations"][POOL_EMPTY_ANNOTATION] = value
+    inbox, sink = Inbox("ns", "team=batch", "w", watch_seconds=60), Sink()
+    steps = inbox.steps(sink)
+    steps.send(None)  # the read
+    watch = steps.send({"metadata": {"resourceVersion": "7"}, "items": [obj]})
+    assert isinstance(watch, Watch)
+    watch.on_event("MODIFIED", obj)
+    watch.on_event("DELETED", obj)
+    expected = value == "true"
+    assert sink.marks == [expected, expected, False]
+    assert sink.seen[:2] == [(Proposal("a", "1"),)] * 2

@@ -233,6 +233,39 @@ def test_a_narrow_view_counts_the_pool_from_the_dispatchers_record_never_from_it
     assert engine.unfinished() == 1
 
 
+def test_a_narrow_worker_told_by_its_inbox_that_the_pool_is_empty_stops_at_once() -> None:
+    """The inbox's mark is the dispatcher's count of 0, sooner than its record's (#62)."""
+    engine, _ = narrowable(inbox=True)
+    engine.dispatcher(T_NOW + timedelta(seconds=10), unfinished=3)  # the record, seconds old
+    epoch = engine.open_scope(Scope("w", own=False))
+    engine.stream_sink(epoch, 0).replace([], "5")
+    ask = engine.ask("w", None, 32, until_empty=True)
+    assert engine.presence is not None and engine.presence.waits_for_empty  # announced
+    assert engine.unfinished() == 3 and isinstance(engine.decide(ask, MARGIN), Wait)
+    engine.inbox((), pool_empty=True)
+    assert engine.unfinished() == 0 and engine.decide(ask, MARGIN) is None  # stops at once
+    engine.inbox((), pool_empty=False)  # a job arrived: the dispatcher took the mark back
+    assert engine.unfinished() == 3 and isinstance(engine.decide(ask, MARGIN), Wait)
+    engine.inbox((), pool_empty=True)
+    engine.stream_sink(epoch, 0).apply("ADDED", job("plain", 7))  # its own view: fresher
+    assert engine.unfinished() == 1
+
+
+def test_the_inbox_mark_is_no_count_for_a_worker_that_sees_the_whole_pool() -> None:
+    engine, _ = narrowable(inbox=True)
+    engine.dispatcher(None)  # no dispatcher: the whole pool, counted from its own view
+    epoch = engine.open_scope(FULL)
+    engine.stream_sink(epoch, 0).replace([job("left", 3)], "5")
+    engine.inbox((), pool_empty=True)  # a dead dispatcher's mark
+    assert engine.unfinished() == 1
+
+
+def test_a_claim_that_does_not_stop_when_empty_announces_nothing() -> None:
+    engine, _ = narrowable(inbox=True)
+    engine.ask("w", None, 32, until_empty=False)
+    assert engine.presence is not None and not engine.presence.waits_for_empty
+
+
 def test_the_count_is_read_from_the_latest_dispatcher_record_only() -> None:
     def record(renew: str, count: Any) -> dict[str, Any]:
         annotations = {} if count is None else {"joblease.dev/unfinished": count}

@@ -48,6 +48,7 @@ from joblease.core.presence import (
     ROLE_LABEL,
     UNFINISHED_ANNOTATION,
     announced_slots,
+    empty_waiters,
     inbox_readers,
     live_records,
     micro_time,
@@ -248,6 +249,9 @@ class Dispatcher:
         self._slots: dict[str, int] = {}
         self._live: set[str] = set()
         self._readers: set[str] = set()  # live workers that read proposals from an inbox
+        self._waiters: set[str] = set()  # live readers that stop once the pool is empty
+        self._empty = False  # the synced view counts no unfinished job
+        self._marked: set[str] = set()  # inboxes written (or being written) with that mark
         # worker → job → (proposal, local time proposed), in the order to claim
         self.proposed: dict[str, dict[str, tuple[Proposal, float]]] = {}
         self._active: dict[str, float] = {}  # worker → when it last took a proposed job
@@ -436,6 +440,7 @@ class Dispatcher:
             self._live = live
             self._slots = {who: n for who, n in announced_slots(items).items() if who in live}
             self._readers = inbox_readers(items) & live
+            self._waiters = empty_waiters(items) & self._readers
         return True
 
     def _now(self) -> ServerNow:
@@ -466,6 +471,7 @@ class Dispatcher:
                                    skip=self._skipped(), limit=sum(cap.values()),
                                    adopt_within=self.adopt_within)
             self._take_back([q.job.name for q in queue], cap, held, server_now, margin, now)
+            self._mark_emptiness()
             out = {name for jobs in self.proposed.values() for name in jobs}
             free = {w: max(0, c - len(self.proposed.get(w, {}))) for w, c in cap.items()
                     if w not in self.passed_over}  # passed over in this round included
@@ -485,9 +491,8 @@ class Dispatcher:
         for queued, worker in claims:
             self._executor.submit(self._claim, queued, worker, margin).add_done_callback(
                 _log_failure)
-        for worker, proposals in writes:
-            self._executor.submit(self._write_inbox, worker, proposals).add_done_callback(
-                _log_failure)
+        for write in writes:
+            self._executor.submit(self._write_inbox, write).add_done_callback(_log_failure)
 
     def _propose(self, job: Observed, worker: str, now: float) -> None:
         self.proposed.setdefault(worker, {})[job.name] = (
@@ -552,44 +557,60 @@ class Dispatcher:
         for worker in self._inboxes - self._live:
             self._dirty.add(worker)  # gone: its inbox is deleted
 
+    def _mark_emptiness(self) -> None:
+        """Mark the inboxes to write that must tell (or stop telling) that the pool is empty.
+
+        Only workers that stop once it is empty are told (they announced it): a mark costs
+        an inbox write per worker at each turn from some jobs to none and back, which a
+        trickle would pay at every job if every worker were told.
+        """
+        self._empty = self.view.unfinished() == 0
+        self._dirty |= (self._waiters - self._marked) if self._empty else set(self._marked)
+
     def _unfinished(self, name: str) -> Observed | None:
         """The unfinished cached job ``name`` (one ``view.in_order`` yields), or ``None``."""
         obs = self.view.get(name)
         return None if obs is None or obs.status.phase.finished else obs
 
-    def _inbox_writes(self, now: float) -> list[tuple[str, list[Proposal] | None]]:
-        """The inboxes to write now (``None``: delete it), at most one write per worker.
+    def _inbox_writes(self, now: float) -> list[InboxWrite]:
+        """The inboxes to write now (no proposals: delete it), at most one write per worker.
 
         An inbox whose last write failed waits :data:`RETRY_SECONDS` (no warning a round).
         """
-        writes: list[tuple[str, list[Proposal] | None]] = []
+        writes: list[InboxWrite] = []
         resting = {w for w, at in self._inbox_retry_at.items() if at > now}
         for worker in sorted(self._dirty - self._writing - resting):
             jobs = self.proposed.get(worker, {})
             if worker not in self._live and not jobs:
-                writes.append((worker, None))
+                writes.append(InboxWrite(worker, None))
+                self._marked.discard(worker)
             else:
-                writes.append((worker, [p for p, _ in jobs.values()]))
+                empty = self._empty and worker in self._waiters
+                writes.append(InboxWrite(worker, [p for p, _ in jobs.values()], empty))
+                (self._marked.add if empty else self._marked.discard)(worker)
             self._writing.add(worker)
         # only the inboxes written now are no longer due: one whose previous write is still
         # in flight stays due, and is written once that write has answered (safety.md #54)
-        self._dirty -= {worker for worker, _ in writes}
+        self._dirty -= {write.worker for write in writes}
         return writes
 
-    def _write_inbox(self, worker: str, proposals: list[Proposal] | None) -> None:
+    def _write_inbox(self, write: InboxWrite) -> None:
         """Write (or delete) one worker's inbox; a failure marks it to write again."""
+        worker, proposals = write.worker, write.proposals
         try:
             if proposals is None:
                 drive(delete_inbox_steps(self.namespace, self.record.pool, worker),
                       SyncPort(self.store))
             else:
                 drive(write_inbox_steps(self.namespace, self.record.pool, worker,
-                                        self.record.identity, proposals), SyncPort(self.store))
+                                        self.record.identity, proposals, write.pool_empty),
+                      SyncPort(self.store))
         except Exception as err:  # lost, refused, a bug: the next round writes it again
             log.warning("dispatcher of %r: the inbox of %s: %s", self.selector, worker, err)
             with self._lock:
                 self._writing.discard(worker)
                 self._dirty.add(worker)
+                self._marked.discard(worker)  # unknown: written again as the pool is then
                 self._inbox_retry_at[worker] = self.api.monotonic() + RETRY_SECONDS
                 self.counts.failed += 1
             return
@@ -656,6 +677,18 @@ class Dispatcher:
         log.log(logging.DEBUG if set_aside else logging.WARNING,
                 "dispatcher of %r: %s for %s not claimed: %s", self.selector, job.name, worker,
                 err)
+
+
+@dataclass(frozen=True)
+class InboxWrite:
+    """One inbox write a round decided: the worker, its proposals, whether the pool is empty.
+
+    ``proposals`` ``None``: delete the inbox (its worker is gone).
+    """
+
+    worker: str
+    proposals: list[Proposal] | None
+    pool_empty: bool = False
 
 
 def whoami(store: LeaseStore) -> str:

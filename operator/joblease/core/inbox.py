@@ -24,6 +24,12 @@ is not found). A stale or forged proposal costs a refused write and a read. Who 
 an inbox is the chart's presence policy: a Lease labelled ``joblease.dev/role`` is written
 by the operator only, and names it as holder.
 
+A worker that stops once the pool is empty (``--until-empty``, announced in its presence
+record) cannot tell from its own narrow view: the dispatcher marks its inbox
+(:data:`~joblease.domain.dispatch.POOL_EMPTY_ANNOTATION`) the moment it counts no
+unfinished job, and unmarks it when one arrives. The mark is a hint as the record's count
+is: a worker that stops on it stops taking work, nothing else.
+
 An inbox carries no ``renewTime``: workers of an earlier version, which list every Lease of
 the pool as presence records, cannot read it as a live worker. Workers of this version list
 presence records with ``joblease.dev/role!=inbox``.
@@ -47,6 +53,7 @@ from joblease.core.presence import (
 )
 from joblease.core.steps import Call, Sleep, Steps, Watch
 from joblease.domain.dispatch import (
+    POOL_EMPTY_ANNOTATION,
     PROPOSALS_ANNOTATION,
     Proposal,
     decode_proposals,
@@ -69,8 +76,11 @@ def inbox_name(pool: str, holder: str) -> str:
 class InboxSink(Protocol):
     """Where a worker's inbox lands (its pool's engine)."""
 
-    def inbox(self, proposals: tuple[Proposal, ...]) -> None:
-        """The proposals the inbox holds now, in the order to claim (empty: none)."""
+    def inbox(self, proposals: tuple[Proposal, ...], pool_empty: bool = False) -> None:
+        """The proposals the inbox holds now, in the order to claim (empty: none).
+
+        ``pool_empty``: the dispatcher marked the inbox: it counts no unfinished job.
+        """
 
     def inbox_refused(self) -> None:
         """The API server refused the worker its inbox (403): no proposal will be seen."""
@@ -139,7 +149,8 @@ class Inbox:
     def _read_steps(self, sink: InboxSink) -> Steps[None]:
         body: dict[str, Any] = yield Call(LeaseCall("GET", self._path, _raw, query=self._query()))
         items = [item for item in body.get("items") or [] if isinstance(item, dict)]
-        sink.inbox(read_inbox(items[0]) if items else ())
+        sink.inbox(read_inbox(items[0]) if items else (),
+                   pool_empty=bool(items) and says_pool_empty(items[0]))
         self._version = str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch_steps(self, sink: InboxSink) -> Steps[None]:
@@ -153,7 +164,7 @@ class Inbox:
         version = metadata.get("resourceVersion") if isinstance(metadata, dict) else None
         if kind in ("ADDED", "MODIFIED"):
             self.events += 1
-            sink.inbox(read_inbox(obj))
+            sink.inbox(read_inbox(obj), pool_empty=says_pool_empty(obj))
         elif kind == "DELETED":
             self.events += 1
             sink.inbox(())
@@ -168,6 +179,13 @@ def read_inbox(obj: Any) -> tuple[Proposal, ...]:
     if not isinstance(annotations, dict):
         return ()
     return decode_proposals(annotations.get(PROPOSALS_ANNOTATION))
+
+
+def says_pool_empty(obj: Any) -> bool:
+    """Whether an inbox object carries the dispatcher's mark that the pool is empty."""
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return isinstance(annotations, dict) and annotations.get(POOL_EMPTY_ANNOTATION) == "true"
 
 
 def read_proposed(namespace: str, selector: str | None, name: str
@@ -284,15 +302,17 @@ def _pointer(key: str) -> str:
 
 
 def write_inbox_steps(namespace: str, pool: str, holder: str, identity: str,
-                      proposals: Iterable[Proposal]) -> Steps[None]:
+                      proposals: Iterable[Proposal], pool_empty: bool = False) -> Steps[None]:
     """Write ``holder``'s inbox: a merge patch of its proposals, or its creation.
 
+    ``pool_empty`` marks it (the pool has no unfinished job); ``False`` removes a mark.
     No precondition: only the pool's one dispatcher writes inboxes (a deposed one's late
     write is at worst a stale hint, which costs the worker a read).
     """
     path = PATH.format(namespace=namespace)
     name = inbox_name(pool, holder)
-    annotations = {PROPOSALS_ANNOTATION: encode_proposals(proposals)}
+    annotations: dict[str, str | None] = {PROPOSALS_ANNOTATION: encode_proposals(proposals),
+                                          POOL_EMPTY_ANNOTATION: "true" if pool_empty else None}
     try:
         yield Call(LeaseCall("PATCH", f"{path}/{name}", _raw,
                              body={"metadata": {"annotations": annotations}},
@@ -302,7 +322,8 @@ def write_inbox_steps(namespace: str, pool: str, holder: str, identity: str,
             "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
             "metadata": {"name": name,
                          "labels": {POOL_LABEL: pool, ROLE_LABEL: INBOX_ROLE},
-                         "annotations": {**annotations, WORKER_ANNOTATION: holder}},
+                         "annotations": {**{k: v for k, v in annotations.items()
+                                             if v is not None}, WORKER_ANNOTATION: holder}},
             "spec": {"holderIdentity": identity}}))
 
 

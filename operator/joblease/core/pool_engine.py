@@ -183,6 +183,9 @@ class PoolEngine:
         pool_unfinished: The unfinished jobs of the whole pool as the dispatcher last
             published them in its record (``None``: not published): how a narrow worker
             knows the pool is empty (``until_empty``).
+        inbox_says_empty: The dispatcher marked this worker's inbox: it counts no unfinished
+            job (sooner than the record, read at presence's next list); a narrow view's
+            pool count is then 0.
     """
 
     def __init__(self, namespace: str, selector: str | None, clock: PoolClock, *,
@@ -221,6 +224,7 @@ class PoolEngine:
         self.scope: Scope = FULL
         self.scopes = 0
         self.pool_unfinished: int | None = None
+        self.inbox_says_empty = False  # the dispatcher marked this worker's inbox: pool empty
         self._epoch = 0  # the scope opened last; a stopped scope's late deliveries are dropped
         self._opening: Scope = FULL
         self._merge: StreamMerge | None = None  # None: one stream, the view itself
@@ -279,15 +283,16 @@ class PoolEngine:
                 self.dispatcher_until, self.pool_unfinished = until, unfinished
                 self._changed()
 
-    def inbox(self, proposals: tuple[Proposal, ...]) -> None:
+    def inbox(self, proposals: tuple[Proposal, ...], pool_empty: bool = False) -> None:
         """The worker's inbox as just read (``InboxSink``): the jobs proposed to it, in order.
 
         A proposal claimed is not read again while the inbox still holds it (at that
         version); one read and not claimed is read again after :data:`PROPOSAL_RETRY`;
-        one that left the inbox is forgotten.
+        one that left the inbox is forgotten. ``pool_empty``: the dispatcher marked it, it
+        counts no unfinished job (a narrow view's count, as the record's, at once).
         """
         with self._guard:
-            self.proposals = proposals
+            self.proposals, self.inbox_says_empty = proposals, pool_empty
             listed = {(p.name, p.resource_version) for p in proposals}
             self._tried = {key: at for key, at in self._tried.items() if key in listed}
             self._taken &= listed
@@ -441,6 +446,9 @@ class PoolEngine:
     def ask(self, who: str, timeout: float | None, spread: int, until_empty: bool) -> Ask:
         """One ``claim_next`` call, its ``timeout`` turned into an end on the engine's clock."""
         end = None if timeout is None else self.clock.monotonic() + timeout
+        with self._guard:
+            if until_empty and self.presence is not None:
+                self.presence.wait_for_empty()  # the dispatcher then marks the inbox
         return Ask(who, end, spread, until_empty)
 
     def decide(self, ask: Ask, margin: timedelta) -> Decision:
@@ -615,7 +623,8 @@ class PoolEngine:
         mine = self.view.unfinished()
         if not self.scope.narrow:
             return mine
-        return None if self.pool_unfinished is None else max(mine, self.pool_unfinished)
+        pool = 0 if self.inbox_says_empty else self.pool_unfinished
+        return None if pool is None else max(mine, pool)
 
     def live_workers(self) -> list[str]:
         """The pool's workers alive now as the engine knows them (no request, ever).

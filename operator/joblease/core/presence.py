@@ -52,6 +52,8 @@ ROLE_LABEL = "joblease.dev/role"  # "dispatcher" on a pool's dispatcher record (
 DISPATCHER_ROLE = "dispatcher"
 SLOTS_ANNOTATION = "joblease.dev/slots"  # a worker's slots (its --concurrency), announced
 INBOX_ANNOTATION = "joblease.dev/inbox"  # "1": the worker reads proposals from its inbox
+EMPTY_WAIT_ANNOTATION = "joblease.dev/until-empty"  # "1": the worker stops once the pool
+# is empty (``--until-empty``): a dispatcher tells it so in its inbox the moment it is
 INBOX_ROLE = "inbox"  # a worker's inbox (joblease.core.inbox): no presence record
 UNFINISHED_ANNOTATION = "joblease.dev/unfinished"  # the pool's unfinished jobs, as the
 # dispatcher last counted them (its record): a worker watching only its own jobs reads it
@@ -135,6 +137,7 @@ class Presence:
         self.every = every
         self.enabled = True
         self.reads_inbox = slots is not None  # announced with the slots: proposals welcome
+        self.waits_for_empty = False  # announced once a claim asks to stop when empty
         self._announce_again = False
         self.counts = PresenceCounts()
         self.name = record_name(self.pool, holder)
@@ -169,6 +172,16 @@ class Presence:
         if self.reads_inbox:
             self.reads_inbox, self._announce_again = False, True
 
+    def wait_for_empty(self) -> None:
+        """A claim asks to stop once the pool is empty: announce so at the next renewal.
+
+        A narrow worker sees only its own jobs; its dispatcher, which sees them all, then
+        marks its inbox the moment the pool empties (its record says so only at its next
+        renewal, and this worker reads that only at its next list: seconds later).
+        """
+        if not self.waits_for_empty:
+            self.waits_for_empty, self._announce_again = True, True
+
     def leave_steps(self) -> Steps[None]:
         """Delete this worker's record (a clean exit: the others re-rank at their next list)."""
         if not self.enabled:
@@ -185,7 +198,8 @@ class Presence:
         annotations: dict[str, str | None] = {}
         if self.slots is not None:
             annotations = {SLOTS_ANNOTATION: str(self.slots),
-                           INBOX_ANNOTATION: "1" if self.reads_inbox else None}
+                           INBOX_ANNOTATION: "1" if self.reads_inbox else None,
+                           EMPTY_WAIT_ANNOTATION: "1" if self.waits_for_empty else None}
         patch: dict[str, Any] = {"spec": spec}
         if annotations and (self.counts.renewals == 0 or self._announce_again):
             patch["metadata"] = {"annotations": annotations}  # announced once, then renewed
@@ -248,6 +262,12 @@ def inbox_readers(items: list[dict[str, Any]]) -> set[str]:
     """The listed workers that read proposals from their inbox (the others adopt claims)."""
     return {holder for holder, notes in _worker_annotations(items)
             if notes.get(INBOX_ANNOTATION) == "1"}
+
+
+def empty_waiters(items: list[dict[str, Any]]) -> set[str]:
+    """The listed workers that stop once the pool is empty (``--until-empty``)."""
+    return {holder for holder, notes in _worker_annotations(items)
+            if notes.get(EMPTY_WAIT_ANNOTATION) == "1"}
 
 
 def _worker_annotations(items: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:

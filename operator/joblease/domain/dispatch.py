@@ -144,6 +144,8 @@ def may_receive(job: Observed, worker: str) -> bool:
 # -- proposals (issue 30: the dispatcher proposes, the worker claims itself) ----------------
 
 PROPOSALS_ANNOTATION = "joblease.dev/proposals"  # a worker's inbox: the jobs proposed to it
+POOL_EMPTY_ANNOTATION = "joblease.dev/pool-empty"  # "true": the dispatcher counts no
+# unfinished job in the pool (written only to a worker that stops once it is empty)
 MAX_PROPOSALS = 64  # the most proposals a worker reads from its inbox, whatever it holds
 # proposals a worker receives beyond its free slots. 0: measured (bench/results/pool), one
 # ahead left the drain's rate and completion → next claim as they were (the host is
