@@ -46,6 +46,9 @@ def main() -> None:
         "events_per_job": figures["events_per_job"],
         "lease_events_per_job": figures["lease_events_per_job"],
         "status_writes_per_job": figures["status_writes_per_job"],
+        "wall_s": round(figures["wall_seconds"], 1),
+        "before_first_claim_s": round(figures["before_first_claim_s"], 1),
+        "after_last_completion_s": round(figures["after_last_completion_s"], 1),
         "requests_per_job": figures["requests_per_job"],
         "completion_to_next_claim_ms": {"p50": round(between["p50"] * 1000),
                                         "p99": round(between["p99"] * 1000)}}, indent=1))
