@@ -11,6 +11,9 @@ passes; the dispatcher runs its rounds. After every round its promises must hold
 * each worker's inbox, as stored, says what the dispatcher's books say (#54), but for the
   jobs the worker itself took (they leave the books with no inbox write);
 * no job a worker may receive waits while a worker with room gets nothing (liveness).
+* a worker that stops once the pool is empty (``--until-empty``, announced) finds its
+  inbox marked exactly while the pool has no unfinished job, and no other worker ever
+  finds a mark (#62).
 
 Rounds run over the in-memory API server (``tests/support/fakekube.py``), each write
 performed in the round that decided it.
@@ -31,7 +34,7 @@ from test_dispatcher_rounds import MARGIN, OPT_IN, W1, W2, dispatcher_over
 from joblease.core.dispatcher import Dispatcher
 from joblease.core.inbox import inbox_name
 from joblease.domain.clock import ServerNow
-from joblease.domain.dispatch import PROPOSALS_ANNOTATION
+from joblease.domain.dispatch import POOL_EMPTY_ANNOTATION, PROPOSALS_ANNOTATION
 from joblease.domain.errors import format_time
 from joblease.domain.lease import Observed, claimable_now
 from support.fakekube import T_NOW, FakeKubeApi, lease_object
@@ -48,13 +51,15 @@ class DispatcherBooks(RuleBasedStateMachine):
     slots: dict[str, int]
 
     @initialize(slots=st.tuples(*[st.integers(min_value=1, max_value=3)] * 3),
-                ahead=st.integers(min_value=0, max_value=1))
-    def start(self, slots: tuple[int, int, int], ahead: int) -> None:
+                ahead=st.integers(min_value=0, max_value=1),
+                waiters=st.sets(st.sampled_from(WORKERS)))
+    def start(self, slots: tuple[int, int, int], ahead: int, waiters: set[str]) -> None:
         self.api = FakeKubeApi()
         self.slots = dict(zip(WORKERS, slots, strict=True))
         self.dispatcher = dispatcher_over(self.api, self.slots, ahead=ahead,
                                           claim_within=timedelta(seconds=10))
         self.dispatcher._readers = set(WORKERS)
+        self.dispatcher._waiters = set(waiters)  # announced --until-empty
         self.made = 0
         self.fresh = False  # whether a round ran since the last change
 
@@ -96,6 +101,12 @@ class DispatcherBooks(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.1, 1.0, 4.0]))
     def time_passes(self, seconds: float) -> None:
         self.api._monotonic += seconds
+        self.fresh = False
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def announces_until_empty(self, worker: str) -> None:
+        """A worker's later claim asks to stop when empty (the dispatcher's next list)."""
+        self.dispatcher._waiters.add(worker)
         self.fresh = False
 
     @rule()
@@ -148,6 +159,20 @@ class DispatcherBooks(RuleBasedStateMachine):
         idle = [w for w in WORKERS
                 if held[w] + len(self.dispatcher.proposed.get(w, {})) < self.slots[w]]
         assert not (waiting and idle), (waiting, idle)
+
+    @invariant()
+    def only_a_waiter_is_told_and_only_while_the_pool_is_empty(self) -> None:
+        if not self.fresh:
+            return
+        empty = all((obj.get("status") or {}).get("phase") in ("Completed", "Failed")
+                    for _, obj in self._objects())
+        for worker in WORKERS:
+            stored = self.api.presence.get(("ns", inbox_name(self.dispatcher.record.pool,
+                                                              worker)))
+            notes = (stored or {}).get("metadata", {}).get("annotations") or {}
+            marked = notes.get(POOL_EMPTY_ANNOTATION) == "true"
+            told = empty and worker in self.dispatcher._waiters
+            assert marked == told, (worker, marked, empty, sorted(self.dispatcher._waiters))
 
     # -- helpers ---------------------------------------------------------------------------
 
