@@ -372,6 +372,9 @@ def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
     d = pool.get("dispatched") or {}
     t, met = pool["targets"], pool["met"]
     rows: list[Row] = []
+    drain, real = d.get("drain"), pool.get("floor_real_jobs_per_s")
+    if drain is not None and real:
+        rows.append(_dispatched_drain_row(drain, real, pool["workers"], t))
     order, urgent, trickle = d.get("order"), d.get("urgent"), d.get("trickle")
     if order is not None:
         label = (f"pool, dispatched: order, {pool['workers']} workers, "
@@ -414,6 +417,27 @@ def _order_row(label: str, order: dict[str, Any], turns: dict[str, Any] | None,
             + (f"; claimed by the dispatcher {claims['claimed_by_dispatcher']}, by turns "
                f"{claims['claimed_by_workers']}" if claims else ""), "",
             f"max ≤ {t['dispatched_max_late']}", _ok(met.get("dispatched_max_late")))
+
+
+def _dispatched_drain_row(drain: dict[str, Any], real: float, workers: int,
+                         t: dict[str, Any]) -> Row:
+    """The dispatched drain: its rate against the floor with bodies, and its wall time's parts.
+
+    The last part is how long ``--until-empty`` workers took to exit after the last
+    completion (safety.md #62: told by their inbox, not by the record seconds later).
+    """
+    ratio = drain["jobs_per_s"] / real
+    dispatcher = (drain.get("dispatch") or {}).get("dispatcher_cpu_s_per_job", math.nan)
+    return (f"pool, dispatched: drain {drain['jobs']} jobs with {workers} `joblease work "
+            "--until-empty` processes (command `true`)",
+            f"{_rate(drain['jobs_per_s'])} jobs/s (wall {drain['wall_seconds']:.1f} s: "
+            f"{drain.get('before_first_claim_s', math.nan):.1f} s to the first claim, "
+            f"{drain.get('after_last_completion_s', math.nan):.1f} s from the last completion "
+            "to the last exit)",
+            f"floor with the pool's bodies {real:.1f} jobs/s; workers' CPU "
+            f"{drain['worker_cpu_s_per_job'] * 1000:.1f} ms per job, the dispatcher's "
+            f"{dispatcher * 1000:.2f} ms", f"{ratio:.2f}", f"≥ {t['ratio']}",
+            _ok(ratio >= t["ratio"]))
 
 
 def _dispatched_trickle_rows(trickle: dict[str, Any], turns: dict[str, Any],

@@ -126,6 +126,6 @@ def _dispatched_sections_ran(pool: dict[str, Any], table: str) -> None:
     assert all(s["busy"] <= workers for s in urgent["samples"]), urgent["samples"]
     assert trickle["claimed"]["n"] == trickle["jobs"] and trickle["events_per_job"] > 0
     assert trickle["exit_codes_after_sigterm"] == [0] * workers
-    for row in ("| pool, dispatched: order", "| pool, dispatched: an urgent job",
-                "| pool, dispatched: trickle"):
+    for row in ("| pool, dispatched: drain", "| pool, dispatched: order",
+                "| pool, dispatched: an urgent job", "| pool, dispatched: trickle"):
         assert row in table, row
