@@ -168,13 +168,9 @@ def test_a_busy_worker_keeps_the_job_proposed_ahead_however_long_its_job_runs() 
     assert dispatcher.counts.taken_back == 0
 
 
-def test_a_failed_inbox_write_is_written_again_after_a_second(
-        caplog: pytest.LogCaptureFixture) -> None:
-    api = FakeKubeApi()
-    job(api, "a")
-    dispatcher = readers(api, {W1: 1}, ahead=0)
-    real = api.request
-    calls = {"n": 0}
+def first_inbox_write_fails(api: FakeKubeApi) -> None:
+    """Make ``api``'s first inbox request fail as a reset connection; the rest pass."""
+    real, calls = api.request, {"n": 0}
 
     def flaky(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
         if "joblease-inbox-" in path and calls["n"] == 0:
@@ -183,6 +179,14 @@ def test_a_failed_inbox_write_is_written_again_after_a_second(
         return real(method, path, *args, **kwargs)
 
     api.request = flaky  # type: ignore[method-assign]
+
+
+def test_a_failed_inbox_write_is_written_again_after_a_second(
+        caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = readers(api, {W1: 1}, ahead=0)
+    first_inbox_write_fails(api)
     dispatcher._dispatch()
     assert inbox(api, dispatcher, W1) is None and dispatcher.counts.failed == 1
     assert caplog.text.count("the inbox of") == 1
@@ -437,15 +441,7 @@ def test_a_failed_marking_write_is_written_again() -> None:
     api = FakeKubeApi()
     dispatcher = readers(api, {W1: 1}, ahead=0)
     dispatcher._waiters = {W1}
-    real, calls = api.request, {"n": 0}
-
-    def flaky(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
-        if "joblease-inbox-" in path and calls["n"] == 0:
-            calls["n"] += 1
-            raise UnavailableError(0, "Unavailable", "connection reset")
-        return real(method, path, *args, **kwargs)
-
-    api.request = flaky  # type: ignore[method-assign]
+    first_inbox_write_fails(api)
     dispatcher._dispatch()  # the pool is empty from the start: the mark's write fails
     assert marked(api, dispatcher, W1) is None and dispatcher.counts.failed == 1
     api._monotonic += 1.1
