@@ -174,18 +174,22 @@ class Inbox:
 
 def read_inbox(obj: Any) -> tuple[Proposal, ...]:
     """The proposals an inbox object holds (none, if it is unreadable)."""
-    metadata = obj.get("metadata") if isinstance(obj, dict) else None
-    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    if not isinstance(annotations, dict):
-        return ()
-    return decode_proposals(annotations.get(PROPOSALS_ANNOTATION))
+    annotations = _annotations(obj)
+    return () if annotations is None else decode_proposals(
+        annotations.get(PROPOSALS_ANNOTATION))
 
 
 def says_pool_empty(obj: Any) -> bool:
     """Whether an inbox object carries the dispatcher's mark that the pool is empty."""
+    annotations = _annotations(obj)
+    return annotations is not None and annotations.get(POOL_EMPTY_ANNOTATION) == "true"
+
+
+def _annotations(obj: Any) -> dict[str, Any] | None:
+    """An inbox object's annotations, if it is shaped as one (any object may arrive)."""
     metadata = obj.get("metadata") if isinstance(obj, dict) else None
     annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
-    return isinstance(annotations, dict) and annotations.get(POOL_EMPTY_ANNOTATION) == "true"
+    return annotations if isinstance(annotations, dict) else None
 
 
 def read_proposed(namespace: str, selector: str | None, name: str
