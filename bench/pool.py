@@ -151,8 +151,9 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
     try:  # a worker's fixed cost: start, list an empty selector, calibrate, exit
         spawns["worker"] = spawn_cost(work_argv(kubeconfig, namespace, "batch=empty",
                                                 "startup-w", NOOP, until_empty=True), STARTUPS)
-        drain["worker_cpu_s_per_job_net"] = ((drain["worker_cpu_s_per_job"] * jobs
-                                              - workers * spawns["worker"]["cpu_s"]) / jobs)
+        for run in (drain, dispatched["drain"]):  # each drain started `workers` workers
+            run["worker_cpu_s_per_job_net"] = ((run["worker_cpu_s_per_job"] * jobs
+                                                - workers * spawns["worker"]["cpu_s"]) / jobs)
     except (subprocess.SubprocessError, OSError) as err:
         progress(f"pool: a worker's start-up not measured: {err}")
     floor_rate = ((before["writes"] + after["writes"])
@@ -539,8 +540,10 @@ class DispatchRun:
     workers fell back.
     """
 
-    def __init__(self, kubeconfig: str, namespace: str, *, kill_halfway: bool) -> None:
+    def __init__(self, kubeconfig: str, namespace: str, *, kill_halfway: bool,
+                 watched: Sequence[str] = ()) -> None:
         self.kubeconfig, self.namespace, self.kill_halfway = kubeconfig, namespace, kill_halfway
+        self.watched = tuple(watched)  # jobs whose visibility each proposal records
         self.dispatcher: Dispatcher | None = None
         self.client: LeaseClient | None = None
         self.killed_at: float | None = None  # wall time
@@ -558,8 +561,12 @@ class DispatchRun:
     def start(self, selector: str) -> None:
         self.client = LeaseClient(self.namespace, kubeconfig=self.kubeconfig)
         ahead = os.environ.get("JOBLEASE_BENCH_DISPATCH_AHEAD")  # a comparison's knob
-        options = {} if ahead is None else {"ahead": int(ahead)}
-        self.dispatcher = Dispatcher.for_client(self.client, selector, **options).start()
+        options: dict[str, Any] = {} if ahead is None else {"ahead": int(ahead)}
+        kind = RecordingDispatcher if self.watched else Dispatcher
+        self.dispatcher = kind.for_client(self.client, selector, **options)
+        if isinstance(self.dispatcher, RecordingDispatcher):
+            self.dispatcher.watched = self.watched
+        self.dispatcher.start()
         self._cpu = time.process_time()
 
     def tick(self, done: float, jobs: int) -> None:
@@ -619,6 +626,66 @@ def _dispatching(dispatch: DispatchRun | None, selector: str) -> Iterator[None]:
         yield
     finally:
         dispatch.abandon()
+
+
+class RecordingDispatcher(Dispatcher):
+    """A ``Dispatcher`` that records its proposals and when each ``watched`` job came into view.
+
+    The urgent section's evidence (:func:`bench.pool_figures.urgent_wait`): a lower job
+    proposed to a worker with a free slot before the urgent job was first in the
+    dispatcher's view, and claimed by that worker, was decided without it: that slot was
+    given away before the urgent job could be seen. Only the urgent section uses it.
+
+    Attributes:
+        watched: The jobs whose first appearance in the view is recorded.
+        proposals: ``(job, worker, worker had a free slot)``, in the order proposed.
+        times: Each proposal's wall time (``time.time``), to match claims to proposals.
+        first_seen: Watched job → the index in ``proposals`` of the first proposal decided
+            with it in view.
+    """
+
+    watched: tuple[str, ...] = ()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.proposals: list[tuple[str, str, bool]] = []
+        self.first_seen: dict[str, int] = {}
+        self.times: list[float] = []
+
+    def _propose(self, job: Observed, worker: str, now: float) -> None:
+        for name in self.watched:
+            if name not in self.first_seen and self.view.get(name) is not None:
+                self.first_seen[name] = len(self.proposals)
+        free = self.view.held_by().get(worker, 0) < self._slots.get(worker, 0)
+        self.proposals.append((job.name, worker, free))
+        self.times.append(time.time())
+        super()._propose(job, worker, now)
+
+    def decided_unseen(self, urgent: str, claims: dict[str, tuple[str | None, float]]
+                       ) -> set[str]:
+        """Jobs whose claim followed a proposal to a free slot decided before ``urgent`` was
+        first in view.
+
+        Which proposal a claim followed: the last one to its holder made at or before its
+        ``acquireTime`` (``claims``: job → (holder, acquired), wall clock: one machine),
+        else its holder's first. Not simply the job's last proposal: a job taken back from
+        a worker that had already claimed it, to give it to another, is proposed again
+        after the claim (the race this figure is about).
+        """
+        seen_at = self.first_seen.get(urgent, len(self.proposals))
+        by_pair: dict[tuple[str, str], list[int]] = {}
+        for at, (name, worker, _) in enumerate(self.proposals):
+            by_pair.setdefault((name, worker), []).append(at)
+        out: set[str] = set()
+        for job, (holder, acquired) in claims.items():
+            mine = by_pair.get((job, holder or ""), [])
+            if not mine:
+                continue
+            before = [at for at in mine if self.times[at] <= acquired]
+            at = before[-1] if before else mine[0]
+            if at < seen_at and self.proposals[at][2]:
+                out.add(job)
+        return out
 
 
 def dispatcher_threads_cpu() -> dict[str, float]:
@@ -1049,10 +1116,15 @@ def _urgent(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers
     of the bodies' cycle, one job of a higher priority than all queued is created and read
     until it is claimed. The figures come from the server's records afterwards
     (:func:`bench.pool_figures.urgent_wait`), each round saying whether every slot was busy
-    when the job was created. The dispatcher is killed before the workers get SIGTERM; the
-    filler left over stays queued under its own label (no other section selects it).
+    when the job was created; a worker between two jobs then counts as busy if its next job
+    was proposed to it before the dispatcher had the urgent job in view
+    (:class:`RecordingDispatcher`). Each round also carries the wait with no slot so
+    excused (``wait_s_unexcused``: this figure's rule before that record existed). The
+    dispatcher is killed before the workers get SIGTERM; the filler left over stays queued
+    under its own label (no other section selects it).
     """
-    dispatch = DispatchRun(kubeconfig, namespace, kill_halfway=False)
+    names = [f"urgent-{r}" for r in range(rounds)]
+    dispatch = DispatchRun(kubeconfig, namespace, kill_halfway=False, watched=names)
     label = {"batch": "urgent"}
     selector = _selector(label)
     spec = dispatch.spec(workers)
@@ -1069,9 +1141,8 @@ def _urgent(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers
         _settle_watches(cluster, pool, timeout=30)
         _create(api, namespace, filler, label, spec)
         _wait_all_busy(api, namespace, selector, workers, pool, timeout=30)
-        for r in range(rounds):
+        for name in names:
             time.sleep(rng.uniform(0.3, 1.3))  # a random instant of the 1 s bodies' cycle
-            name = f"urgent-{r}"
             sent[name] = time.time()
             store.create(namespace, name, {**spec, "priority": URGENT_PRIORITY}, label)
             _wait_claimed(store, namespace, name, timeout=30)
@@ -1079,11 +1150,18 @@ def _urgent(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers
                  if o.status.acquire_time is not None]
         claims = dispatch.stop(items)
         codes = pool.stop(grace=15)
+    recorder = dispatch.dispatcher
+    assert isinstance(recorder, RecordingDispatcher)
     spans = {o.name: _span(o) for o in items}
-    rounds_ = [{"job": name, **urgent_wait(t, spans[name].acquired, URGENT_PRIORITY,
-                                           [v for k, v in spans.items() if k != name],
-                                           workers)}
-               for name, t in sent.items()]
+    claims = {name: (span.holder, span.acquired) for name, span in spans.items()}
+    rounds_ = []
+    for name, t in sent.items():
+        others = [v for k, v in spans.items() if k != name]
+        figures = urgent_wait(t, spans[name].acquired, URGENT_PRIORITY, others, workers,
+                              recorder.decided_unseen(name, claims))
+        # the same round with no slot excused (the figure before the proposals were recorded)
+        unexcused = urgent_wait(t, spans[name].acquired, URGENT_PRIORITY, others, workers)
+        rounds_.append({"job": name, **figures, "wait_s_unexcused": unexcused["wait_s"]})
     waits = [float(r["wait_s"]) for r in rounds_]
     by_dispatcher = sum(1 for o in items if o.name in sent
                         and dispatched_claim(o.status.claim_id))
@@ -1092,12 +1170,14 @@ def _urgent(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers
         "filler": len(filler), "wait_s": summary(waits), "samples": rounds_,
         "all_busy_rounds": sum(1 for r in rounds_ if not r["slot_free"]),
         "lower_claimed_between": sum(int(r["lower_claimed_between"]) for r in rounds_),
+        "decided_unseen": sum(int(r["decided_unseen"]) for r in rounds_),
         "claimed_by_dispatcher": by_dispatcher, "dispatch": claims,
         "seconds": time.monotonic() - began, "exit_codes_after_sigterm": codes}
     progress(f"pool: urgent job, dispatched, {rounds} rounds with {workers} busy workers "
              f"(`{out['body']}`): claimed p50 {out['wait_s']['p50']:.3f} s, max "
              f"{out['wait_s']['max']:.3f} s after a worker freed; every slot busy in "
-             f"{out['all_busy_rounds']} of {rounds}; {out['seconds']:.1f} s")
+             f"{out['all_busy_rounds']} of {rounds} ({out['decided_unseen']} refilled by a "
+             f"choice made before the urgent job was seen); {out['seconds']:.1f} s")
     return out
 
 
@@ -1170,7 +1250,7 @@ def _span(obs: Observed) -> Span:
     completion = obs.status.completion
     return Span(obs.status.acquire_time.timestamp(),
                 completion.time.timestamp() if completion is not None else None,
-                obs.spec.priority)
+                obs.spec.priority, obs.name, obs.status.holder)
 
 
 def _list_selected(api: KubeApi, namespace: str, selector: str) -> list[Observed]:

@@ -7,7 +7,7 @@ repository's root on ``sys.path``: they load this file by its path).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -36,15 +36,20 @@ class Span:
         acquired: Its claim's ``acquireTime``.
         completed: Its completion's time; ``None`` if it had not completed.
         priority: Its ``spec.priority``.
+        name: Its name (to tell which claims were decided before an urgent job was seen).
+        holder: Who claimed it.
     """
 
     acquired: float
     completed: float | None
     priority: int
+    name: str = ""
+    holder: str | None = None
 
 
 def urgent_wait(created: float, acquired: float, urgent_priority: int,
-                others: Sequence[Span], slots: int) -> dict[str, float | int | bool]:
+                others: Sequence[Span], slots: int, decided_unseen: Collection[str] = ()
+                ) -> dict[str, float | int | bool]:
     """An urgent job's wait from the instant a worker freed to its claim (issue 30).
 
     Why from a freeing and not from its creation: an urgent job created while every slot is
@@ -54,21 +59,40 @@ def urgent_wait(created: float, acquired: float, urgent_priority: int,
     been refilled with a queued job before the urgent one was seen: the figure then errs
     long, never short.
 
+    A worker that was between two jobs at ``created`` counts as busy when its next job was
+    decided before the decider had the urgent job in view (``decided_unseen``: the
+    dispatcher's recorded proposals say so): its slot was given away before the urgent
+    job could be seen, as a slot still running its job is, so the wait counts from the next
+    freeing. Only a worker that held nothing at ``created`` is excused so (one slot each,
+    as in the bench; a worker of more slots is never excused), and a lower job decided
+    *with* the urgent job in view never is.
+
     Args:
         created: When the create request was sent (same clock as the server's, one machine).
         acquired: The urgent job's ``acquireTime``.
         urgent_priority: Its priority (to count lower jobs claimed before it).
         others: Every other job of the pool that was claimed.
         slots: The workers' slots in all (every worker busy: this many held at ``created``).
+        decided_unseen: Names of jobs among ``others`` whose claim was decided before the
+            urgent job was in the decider's view.
 
     Returns:
         ``wait_s``: the claim minus the freeing (minus ``created`` if a slot was already
         free then); ``busy``: slots held at ``created``; ``slot_free``: whether one was
         free; ``freed_after_s``: the freeing minus ``created``; ``lower_claimed_between``:
-        claims of lower-priority jobs decided after the freeing and before the urgent claim.
+        claims of lower-priority jobs decided after the freeing and before the urgent claim;
+        ``decided_unseen``: how many slots counted busy at ``created`` only because their
+        next job was decided before the urgent job was seen.
     """
-    busy = sum(1 for s in others
-               if s.acquired <= created and (s.completed is None or s.completed > created))
+    def running(s: Span) -> bool:
+        return s.completed is None or s.completed > created
+
+    held = [s for s in others if s.acquired <= created and running(s)]
+    holding = {s.holder for s in held}
+    excused = len({s.holder for s in others
+                   if s.name in decided_unseen and s.acquired > created and running(s)
+                   and s.holder is not None and s.holder not in holding})
+    busy = len(held) + excused
     freed = min((s.completed for s in others
                  if s.completed is not None and s.completed >= created), default=math.nan)
     slot_free = busy < slots
@@ -76,4 +100,5 @@ def urgent_wait(created: float, acquired: float, urgent_priority: int,
     lower = sum(1 for s in others
                 if s.priority < urgent_priority and start < s.acquired < acquired)
     return {"wait_s": acquired - start, "busy": busy, "slot_free": slot_free,
-            "freed_after_s": freed - created, "lower_claimed_between": lower}
+            "freed_after_s": freed - created, "lower_claimed_between": lower,
+            "decided_unseen": excused}

@@ -389,8 +389,10 @@ def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
         rows.append(_not_measured(label, urgent) if "error" in urgent else (
             label, f"{_s3(urgent['wait_s']['p50'])} / {_s3(urgent['wait_s']['max'])}",
             f"every slot busy at its creation in {urgent['all_busy_rounds']} of "
-            f"{urgent['rounds']} rounds; lower jobs claimed between the freeing and its "
-            f"claim: {urgent['lower_claimed_between']}", "",
+            f"{urgent['rounds']} rounds ({urgent.get('decided_unseen', '?')} slots counted "
+            "busy as their next job was chosen before the urgent one was in view); lower "
+            f"jobs claimed between the freeing and its claim: "
+            f"{urgent['lower_claimed_between']}", "",
             f"≤ {t['urgent_wait_s']} s (every round)", _ok(met.get("urgent_wait"))))
     killed = d.get("killed_assignee")
     if killed is not None:
@@ -435,8 +437,11 @@ def _dispatched_drain_row(drain: dict[str, Any], real: float, workers: int,
             f"{drain.get('after_last_completion_s', math.nan):.1f} s from the last completion "
             "to the last exit)",
             f"floor with the pool's bodies {real:.1f} jobs/s; workers' CPU "
-            f"{drain['worker_cpu_s_per_job'] * 1000:.1f} ms per job, the dispatcher's "
-            f"{dispatcher * 1000:.2f} ms", f"{ratio:.2f}", f"≥ {t['ratio']}",
+            f"{drain['worker_cpu_s_per_job'] * 1000:.1f} ms per job"
+            + (f" ({drain['worker_cpu_s_per_job_net'] * 1000:.1f} without the {workers} "
+               "workers' start-up)" if "worker_cpu_s_per_job_net" in drain else "")
+            + f", the dispatcher's {dispatcher * 1000:.2f} ms", f"{ratio:.2f}",
+            f"≥ {t['ratio']}",
             _ok(ratio >= t["ratio"]))
 
 

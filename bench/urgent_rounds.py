@@ -3,7 +3,8 @@
 ``python -m bench.urgent_rounds [--attempts N] [--workers W] [--rounds R]``: on the suite's
 local control plane, ``bench.pool._urgent`` N times (a namespace each: W dispatched
 workers busy with ``sleep 1`` jobs, R urgent jobs each created while they are busy),
-printing each attempt's waits from a worker freeing to the urgent job's claim. Why: the
+printing each attempt's waits from a worker freeing to the urgent job's claim (and the
+same waits with no slot excused, the slots excused, the slots busy at each creation). Why: the
 wait's maximum is one round of eight, and a stalled worker shows as one round of about
 11 s (docs/safety.md #54), which one full bench run catches about half the time.
 """
@@ -37,7 +38,11 @@ def main() -> None:
             out = pool._urgent(cluster, api, kubeconfig, namespace, args.workers, args.rounds,
                                Path(logs))
             print(json.dumps({"attempt": attempt, "max_s": round(out["wait_s"]["max"], 3),
-                              "waits_s": [round(s["wait_s"], 3) for s in out["samples"]]}),
+                              "waits_s": [round(s["wait_s"], 3) for s in out["samples"]],
+                              "unexcused_s": [round(s["wait_s_unexcused"], 3)
+                                              for s in out["samples"]],
+                              "decided_unseen": [s["decided_unseen"] for s in out["samples"]],
+                              "busy": [s["busy"] for s in out["samples"]]}),
                   flush=True)
 
 

@@ -87,6 +87,47 @@ def test_a_slot_free_at_the_creation_counts_from_the_creation() -> None:
     assert out["wait_s"] == pytest.approx(0.04)
 
 
+def test_a_slot_refilled_by_a_decision_made_before_the_urgent_job_was_seen_was_busy() -> None:
+    """A worker between two jobs at the creation whose next job the dispatcher chose before
+    it had the urgent job in view: the slot was given away already, so the wait counts from
+    the next freeing, and the excuse is said."""
+    others = [Span(0.0, 9.9, 0, "f1", "w1"), Span(10.01, None, 0, "f2", "w1"),
+              *_busy(2, until=10.3)]
+    out = figures.urgent_wait(10.0, 10.32, 9, others, slots=3, decided_unseen={"f2"})
+    assert out["busy"] == 3 and not out["slot_free"] and out["decided_unseen"] == 1
+    assert out["wait_s"] == pytest.approx(0.02)
+    assert out["lower_claimed_between"] == 0
+
+
+def test_a_slot_refilled_by_a_decision_that_saw_the_urgent_job_is_not_excused() -> None:
+    """The same claim decided with the urgent job in view is a miss: from the creation."""
+    others = [Span(0.0, 9.9, 0, "f1", "w1"), Span(10.01, None, 0, "f2", "w1"),
+              *_busy(2, until=10.3)]
+    out = figures.urgent_wait(10.0, 10.32, 9, others, slots=3, decided_unseen={"other"})
+    assert out["slot_free"] and out["busy"] == 2 and out["decided_unseen"] == 0
+    assert out["wait_s"] == pytest.approx(0.32)
+    assert out["lower_claimed_between"] == 1
+
+
+def test_an_unseen_decision_for_a_job_already_held_at_the_creation_excuses_nothing() -> None:
+    others = [*_busy(3, until=10.3)]
+    named = [Span(s.acquired, s.completed, s.priority, f"b{k}", f"w{k}")
+             for k, s in enumerate(others)]
+    out = figures.urgent_wait(10.0, 10.35, 9, named, slots=3, decided_unseen={"b0", "b1"})
+    assert out["decided_unseen"] == 0 and out["busy"] == 3
+
+
+def test_an_unseen_next_job_of_a_worker_still_busy_at_the_creation_hides_no_free_slot() -> None:
+    """w0 is still running at the creation and its next job was chosen unseen; w2 was free
+    and took a lower job chosen *with* the urgent one in view: still a free slot, a miss."""
+    others = [Span(0.0, 10.1, 0, "a", "w0"), Span(10.12, None, 0, "a2", "w0"),
+              Span(0.0, 11.0, 0, "b", "w1"),
+              Span(0.0, 9.9, 0, "c", "w2"), Span(10.05, None, 0, "c2", "w2")]
+    out = figures.urgent_wait(10.0, 11.02, 9, others, slots=3, decided_unseen={"a2"})
+    assert out["slot_free"] and out["busy"] == 2 and out["decided_unseen"] == 0
+    assert out["wait_s"] == pytest.approx(1.02)
+
+
 def test_lower_jobs_claimed_between_the_freeing_and_the_urgent_claim_are_counted() -> None:
     """A pool that gives the freed slot to a queued job first is caught: the urgent job's
     claim then comes at the next freeing, and the lower claim in between is counted."""
