@@ -79,6 +79,7 @@ from bench.common import (
 from bench.pool_figures import Span, places_late, urgent_wait
 from joblease.core.dispatcher import Dispatcher
 from joblease.domain.lease import Observed, Phase, dispatched_claim
+from joblease.kube import lite
 from joblease.kube.api import MERGE_PATCH, ApiError, KubeApi
 from joblease.kube.leases import LeaseStore, lease_path
 from joblease.sdk.client import LeaseClient
@@ -529,6 +530,9 @@ def _watch_event_totals(cluster: Any) -> tuple[float, float]:
 class DispatchRun:
     """A dispatched drain's dispatcher, in this process (issue 30, item 5).
 
+    On the light transport, as the operator's dispatchers are
+    (``JOBLEASE_BENCH_DISPATCH_CLIENT=kubernetes``: the ``kubernetes`` client, to compare).
+
     Its jobs opt in (``spec.dispatch``) for the workers' holders, which take the form of
     ServiceAccounts (no admission here: the holders are only names). Its CPU is that of
     its own threads (its feed, its loop, its claim writers: the threads named
@@ -559,7 +563,11 @@ class DispatchRun:
         return {**JOB_SPEC, "dispatch": {"enabled": True, "serviceAccountNames": names}}
 
     def start(self, selector: str) -> None:
-        self.client = LeaseClient(self.namespace, kubeconfig=self.kubeconfig)
+        # the light transport, as the operator's dispatchers use; `kubernetes`: a comparison
+        if os.environ.get("JOBLEASE_BENCH_DISPATCH_CLIENT") == "kubernetes":
+            self.client = LeaseClient(self.namespace, kubeconfig=self.kubeconfig)
+        else:
+            self.client = LeaseClient(self.namespace, api=lite.connect(self.kubeconfig))
         ahead = os.environ.get("JOBLEASE_BENCH_DISPATCH_AHEAD")  # a comparison's knob
         options: dict[str, Any] = {} if ahead is None else {"ahead": int(ahead)}
         kind = RecordingDispatcher if self.watched else Dispatcher

@@ -13,7 +13,7 @@ import asyncio
 import inspect
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import kopf
 import pytest
@@ -343,3 +343,113 @@ def test_the_api_clock_comes_from_the_settings_not_the_environment(
         assert api.host == "http://127.0.0.1:9" and not api.clock.known
     finally:
         api.close()
+
+
+# -- the dispatchers' own transport (issue 30) ---------------------------------------------
+
+
+class _RecordedDispatcher:
+    """Stands in for ``Dispatcher`` in ``Operator._start_dispatchers``: records its wiring."""
+
+    made: ClassVar[list[_RecordedDispatcher]] = []
+
+    def __init__(self, store: Any, api: Any, margin: Any, namespace: str, selector: str,
+                 identity: str) -> None:
+        self.store, self.api, self.margin = store, api, margin
+        self.namespace, self.selector, self.identity = namespace, selector, identity
+        self.closed = False
+        _RecordedDispatcher.made.append(self)
+
+    def start(self) -> _RecordedDispatcher:
+        return self
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class DispatchFake(CalibratedFake):
+    """The dispatchers' API: a worse clock estimate than the operator's."""
+
+    def calibrate(self) -> float:
+        return 0.02
+
+
+def test_dispatchers_run_on_their_own_transport_with_its_clock_error_in_their_margin(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Their margin must cover *their* transport's clock error, not the operator's: a
+    dispatcher judges claimability on its own estimate. Stop closes that transport, once."""
+    from joblease.controller import runtime
+
+    _RecordedDispatcher.made = []
+    monkeypatch.setattr(runtime, "Dispatcher", _RecordedDispatcher)
+    monkeypatch.setattr(runtime, "whoami", lambda store: "system:serviceaccount:jl:operator")
+    main_api, dispatch_api = CalibratedFake(), DispatchFake()
+
+    async def scenario() -> None:
+        op = Operator(OperatorSettings(margin_seconds=0.5, writers=1,
+                                       dispatch_pools="batch/pool=a; other/pool=b"),
+                      api_factory=lambda _: main_api,  # type: ignore[arg-type,return-value]
+                      dispatch_api_factory=lambda _: dispatch_api)  # type: ignore[arg-type,return-value]
+        await op.start()
+        made = _RecordedDispatcher.made
+        assert [(d.namespace, d.selector) for d in made] == [("batch", "pool=a"),
+                                                              ("other", "pool=b")]
+        assert all(d.api is dispatch_api and d.store.api is dispatch_api for d in made)
+        assert all(d.margin() == timedelta(seconds=0.52) for d in made)
+        assert op.reconciler is not None and op.reconciler.margin == timedelta(seconds=0.504)
+        await op.stop()
+        assert all(d.closed for d in made) and dispatch_api.closed and main_api.closed
+
+    asyncio.run(scenario())
+
+
+def test_an_injected_api_serves_the_dispatchers_too_and_is_closed_by_its_owner_only(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from joblease.controller import runtime
+
+    _RecordedDispatcher.made = []
+    monkeypatch.setattr(runtime, "Dispatcher", _RecordedDispatcher)
+    monkeypatch.setattr(runtime, "whoami", lambda store: "me")
+    closes: list[int] = []
+
+    class Counted(CalibratedFake):
+        def close(self) -> None:
+            closes.append(1)
+
+    api = Counted()
+
+    async def scenario() -> None:
+        op = Operator(OperatorSettings(margin_seconds=0.5, dispatch_pools="batch/pool=a"),
+                      api_factory=lambda _: api)  # type: ignore[arg-type,return-value]
+        await op.start()
+        (made,) = _RecordedDispatcher.made
+        assert made.api is api and made.margin() == timedelta(seconds=0.504)
+        await op.stop()
+        assert closes == [1]
+
+    asyncio.run(scenario())
+
+
+def test_the_dispatchers_transport_is_the_light_one_when_the_kubeconfig_allows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    from joblease.controller.runtime import _dispatch_api_from_settings
+    from joblease.kube.lite import CLIENT_ENV, LiteApiClient
+
+    doc = {"apiVersion": "v1", "kind": "Config", "current-context": "c",
+           "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443",
+                                                   "insecure-skip-tls-verify": True}}],
+           "users": [{"name": "u", "user": {"token": "t"}}],
+           "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}
+    path = tmp_path / "config"
+    path.write_text(yaml.safe_dump(doc))
+    settings = OperatorSettings(kubeconfig=str(path), max_server_skew=3.0)
+    api = _dispatch_api_from_settings(settings)
+    assert isinstance(api._client, LiteApiClient)
+    assert api.clock.max_skew == 3.0  # the settings' clock, not a default one
+    api.close()
+    monkeypatch.setenv(CLIENT_ENV, "kubernetes")  # the documented way back
+    full = _dispatch_api_from_settings(settings)
+    assert not isinstance(full._client, LiteApiClient)
+    full.close()

@@ -42,6 +42,7 @@ from joblease.controller.settings import OperatorSettings, dispatch_pools
 from joblease.core.dispatcher import Dispatcher, whoami
 from joblease.core.feed import LeaseFeed, compact_lease
 from joblease.domain.lease import Observed
+from joblease.kube import lite
 from joblease.kube.api import ApiError, KubeApi
 from joblease.kube.leases import LeaseStore
 from joblease.kube.pods import PodInfo, PodStore
@@ -58,10 +59,15 @@ class Operator:
         settings: The validated configuration (:class:`OperatorSettings`).
         api_factory: Builds the API client at start (tests inject a fake); default: from
             ``settings.kubeconfig`` (or in-cluster) with the settings' server clock.
+        dispatch_api_factory: Builds the dispatchers' own client, if any pool is
+            dispatched; default: ``api_factory`` if one was given, else the light transport
+            (``joblease.kube.lite``) on the same configuration.
     """
 
     def __init__(self, settings: OperatorSettings,
-                 api_factory: Callable[[OperatorSettings], KubeApi] | None = None) -> None:
+                 api_factory: Callable[[OperatorSettings], KubeApi] | None = None,
+                 dispatch_api_factory: Callable[[OperatorSettings], KubeApi] | None = None
+                 ) -> None:
         self.settings = settings
         self.view = LeaseView(on_sooner=self._wake_reconciler)
         self.pods = PodView()
@@ -71,6 +77,9 @@ class Operator:
         self.reconciler: Reconciler | None = None
         self.delegator: Delegator | None = None
         self._api_factory = api_factory or _api_from_settings
+        self._dispatch_api_factory = (dispatch_api_factory or api_factory
+                                      or _dispatch_api_from_settings)
+        self.dispatch_api: KubeApi | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._feeds: list[LeaseFeed] = []
         self._feed_threads: list[threading.Thread] = []
@@ -108,14 +117,24 @@ class Operator:
 
         Each acts only while it holds its pool's dispatcher record, so replicas of the
         operator elect one per pool; the others stand by and take over once it lapses.
+
+        They share a transport of their own, the light one when the configuration allows:
+        measured, the ``kubernetes`` client's request path was a quarter of a dispatcher's
+        CPU per job (docs/benchmarks.md). Its server-clock estimate is its own, so it is
+        calibrated and its error goes into the dispatchers' margin, as the operator's does
+        into the operator's.
         """
         pools = dispatch_pools(self.settings.dispatch_pools)
         if not pools:
             return
-        store = LeaseStore(api)
+        dispatch_api = self.dispatch_api = self._dispatch_api_factory(self.settings)
+        if dispatch_api is not api:
+            error = dispatch_api.calibrate()
+            margin = self.settings.margin + timedelta(seconds=error)
+        store = LeaseStore(dispatch_api)
         identity = whoami(store)
         for namespace, selector in pools:
-            self.dispatchers.append(Dispatcher(store, api, lambda: margin, namespace,
+            self.dispatchers.append(Dispatcher(store, dispatch_api, lambda: margin, namespace,
                                                selector, identity).start())
             log.info("dispatching pool %r in %s as %s", selector, namespace, identity)
 
@@ -124,6 +143,9 @@ class Operator:
         for dispatcher in self.dispatchers:  # hand over: the record is deleted
             await asyncio.to_thread(dispatcher.close)
         self.dispatchers = []
+        if self.dispatch_api is not None and self.dispatch_api is not self.api:
+            await asyncio.to_thread(self.dispatch_api.close)
+        self.dispatch_api = None
         await asyncio.to_thread(self._stop_feeds)
         for task in self._tasks:
             task.cancel()
@@ -316,6 +338,17 @@ def _api_from_settings(settings: OperatorSettings) -> KubeApi:
     api = KubeApi.from_kubeconfig(settings.kubeconfig)
     # The estimate is configured from the settings, not from the environment: the clock is
     # replaced before the first request, so nothing has been observed on the old one.
+    api.clock = settings.server_clock()
+    return api
+
+
+def _dispatch_api_from_settings(settings: OperatorSettings) -> KubeApi:
+    """The dispatchers' transport: the same configuration, light if the client serves it.
+
+    Anything the light client does not serve goes to the ``kubernetes`` client
+    (``lite.connect``).
+    """
+    api = lite.connect(settings.kubeconfig)
     api.clock = settings.server_clock()
     return api
 

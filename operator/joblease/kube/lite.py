@@ -21,7 +21,9 @@ impersonation, proxies, several files in ``$KUBECONFIG``) :func:`connect` falls 
 fallback. ``joblease work`` uses it too (issue 30): it is started once per worker, and the
 import was most of a worker's start-up CPU (0.4 of 0.6-0.8 s); for it the client keeps
 several connections (its threads send side by side), streams watches, and reads a token
-file again every minute, as the ``kubernetes`` client does. The SDK, the operator and
+file again every minute, as the ``kubernetes`` client does. So do the operator's pool
+dispatchers (their own transport: the ``kubernetes`` client's request path was a quarter of
+a dispatcher's CPU per job, docs/benchmarks.md). The SDK, the rest of the operator and
 ``joblease run`` use the ``kubernetes`` client as before.
 """
 
