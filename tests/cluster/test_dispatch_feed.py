@@ -209,3 +209,32 @@ def test_a_narrow_worker_told_until_empty_stops_when_its_inbox_says_so_not_secon
     assert took < 4, f"stopped {took:.1f}s after the pool emptied"
     assert pool.engine.pool_unfinished == 1  # the record's count never told it
     assert pool.scope == narrowed(pool, w1) and pool.unfinished() == 0
+
+
+def test_a_narrow_worker_does_not_stop_on_a_dead_dispatchers_word_that_the_pool_is_empty(
+        open_pool: Callable[..., Any], leases: LeaseClient,
+        dispatchers: Callable[..., Dispatcher]) -> None:
+    """#63: the dispatcher counted the pool empty (its record's count, the worker's inbox
+    mark), then died; its word outlives it until its record lapses. A job created then must
+    not be left behind by an ``until_empty`` worker that believes that word: the worker
+    asks the API server once (one list, ``limit=1``) before it stops, and here takes the job
+    by turns once the record lapsed."""
+    w1 = worker(leases)
+    pool = open_pool(slots=1)
+    announced(pool, w1)
+    create(leases, "first", dispatch=OPT_IN)
+    dispatcher = dispatchers(record_seconds=RECORD_SECONDS)
+    narrow(pool, w1)
+    lease = pool.claim_next(w1, timeout=10, until_empty=True)
+    assert lease is not None and lease.name == "first"
+    lease.complete("done")
+    wait_for(lambda: pool.engine.inbox_says_empty or pool.engine.pool_unfinished == 0, 15,
+             "the dispatcher's word that the pool is empty")
+    dispatcher.kill()  # its record stays, saying so, until it lapses
+    create(leases, "after", dispatch=OPT_IN)
+    assert pool.scope == narrowed(pool, w1)  # still narrow: the record lives
+    began = time.monotonic()
+    late = pool.claim_next(w1, timeout=RECORD_SECONDS + 15, until_empty=True)
+    assert late is not None and late.name == "after", (
+        f"stopped after {time.monotonic() - began:.1f}s with 'after' left unfinished")
+    late.complete("not left behind")

@@ -202,25 +202,37 @@ class FakeKubeApi:
                         for k, v in wanted.items())]
 
     def _list(self, namespace: str | None, query: dict[str, str]) -> dict[str, Any]:
-        """A page of JobLeases: ``key=value`` label terms, ``status.phase=`` or
-        ``metadata.name=`` as field selector, ``limit``.
+        """A page of JobLeases: ``key=value`` label terms; terms on the selectable fields
+        (``=`` or ``!=``, an absent field being "") as field selector; ``limit``.
 
         The ``continue`` token is the offset of the next page in name order.
         """
         labels = dict(t.split("=", 1) for t in query.get("labelSelector", "").split(",") if t)
-        fields = query.get("fieldSelector", "")
-        name = fields.removeprefix("metadata.name=") if fields.startswith("metadata.") else None
-        phase = None if name is not None else fields.removeprefix("status.phase=") or None
+        terms = [t for t in query.get("fieldSelector", "").split(",") if t]
         matching = [obj for (ns, n), obj in sorted(self.objects.items())
-                    if namespace in (None, ns) and name in (None, n)
+                    if namespace in (None, ns)
                     and all(obj["metadata"].get("labels", {}).get(k) == v
                             for k, v in labels.items())
-                    and (phase is None or obj.get("status", {}).get("phase") == phase)]
+                    and all(_field_matches(obj, term) for term in terms)]
         start, limit = int(query.get("continue") or 0), int(query.get("limit") or 500)
         rest = start + limit < len(matching)
         return {"items": matching[start:start + limit],
                 "metadata": {"resourceVersion": self.next_revision(),
                              "continue": str(start + limit) if rest else ""}}
+
+
+def _field_matches(obj: dict[str, Any], term: str) -> bool:
+    """One field-selector term (the JobLease's selectable fields; ``=`` or ``!=``)."""
+    negated = "!=" in term
+    key, value = term.split("!=" if negated else "=", 1)
+    status, dispatch = obj.get("status") or {}, (obj.get("spec") or {}).get("dispatch") or {}
+    enabled = dispatch.get("enabled")
+    fields = {"metadata.name": obj["metadata"].get("name", ""),
+              "status.phase": status.get("phase", ""), "status.holder": status.get("holder", ""),
+              "spec.dispatch.enabled": "" if enabled is None else str(enabled).lower()}
+    if key not in fields:
+        raise ValueError(f"the fake lists by {sorted(fields)} only, not {key}")
+    return (fields[key] == value) != negated
 
 
 def lease_object(name: str, status: dict[str, Any] | None = None, namespace: str = "ns",

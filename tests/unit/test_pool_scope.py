@@ -17,7 +17,15 @@ from typing import Any
 
 import pytest
 
-from joblease.core.pool_engine import FIRST_PRESENCE_WAIT, Ask, PoolClock, PoolEngine, Wait
+from joblease.core.pool_engine import (
+    FIRST_PRESENCE_WAIT,
+    RECONFIRM_SECONDS,
+    Ask,
+    ConfirmEmpty,
+    PoolClock,
+    PoolEngine,
+    Wait,
+)
 from joblease.core.presence import Presence, dispatcher_unfinished
 from joblease.core.scope import (
     FULL,
@@ -228,7 +236,8 @@ def test_a_narrow_view_counts_the_pool_from_the_dispatchers_record_never_from_it
     engine.dispatcher(T_NOW + timedelta(seconds=10), unfinished=3)
     assert engine.unfinished() == 3
     engine.dispatcher(T_NOW + timedelta(seconds=10), unfinished=0)
-    assert engine.unfinished() == 0 and engine.decide(ask, MARGIN) is None  # the pool is empty
+    assert engine.unfinished() == 0
+    assert stops_once_confirmed(engine, ask)  # the pool is empty, and the server agrees
     engine.stream_sink(epoch, 1).apply("ADDED", job("new", 7))  # fresher than the record
     assert engine.unfinished() == 1
 
@@ -243,12 +252,80 @@ def test_a_narrow_worker_told_by_its_inbox_that_the_pool_is_empty_stops_at_once(
     assert engine.presence is not None and engine.presence.waits_for_empty  # announced
     assert engine.unfinished() == 3 and isinstance(engine.decide(ask, MARGIN), Wait)
     engine.inbox((), pool_empty=True)
-    assert engine.unfinished() == 0 and engine.decide(ask, MARGIN) is None  # stops at once
+    assert engine.unfinished() == 0 and stops_once_confirmed(engine, ask)  # at once
     engine.inbox((), pool_empty=False)  # a job arrived: the dispatcher took the mark back
     assert engine.unfinished() == 3 and isinstance(engine.decide(ask, MARGIN), Wait)
     engine.inbox((), pool_empty=True)
     engine.stream_sink(epoch, 0).apply("ADDED", job("plain", 7))  # its own view: fresher
     assert engine.unfinished() == 1
+
+
+def stops_once_confirmed(engine: PoolEngine, ask: Ask) -> bool:
+    """The narrow engine asks the API server first (#63); told the pool is empty, it stops."""
+    confirm = engine.decide(ask, MARGIN)
+    assert isinstance(confirm, ConfirmEmpty)
+    engine.confirmed(confirm, unfinished=False)
+    return engine.decide(ask, MARGIN) is None
+
+
+def dead_dispatchers_word() -> tuple[PoolEngine, Clock, Ask]:
+    """A narrow engine whose record (alive 10 s more) and inbox both say the pool is empty."""
+    engine, clock = narrowable(inbox=True)
+    engine.dispatcher(T_NOW + timedelta(seconds=10), unfinished=0)
+    epoch = engine.open_scope(Scope("w", own=False))
+    engine.stream_sink(epoch, 0).replace([], "5")
+    engine.inbox((), pool_empty=True)
+    return engine, clock, engine.ask("w", None, 32, until_empty=True)
+
+
+def test_a_narrow_worker_does_not_stop_on_a_count_of_0_the_api_server_contradicts() -> None:
+    """#63: a dead dispatcher's last word outlives it until its record lapses. The server
+    found an unfinished job: wait (asking again after RECONFIRM_SECONDS), never stop."""
+    engine, clock, ask = dead_dispatchers_word()
+    confirm = engine.decide(ask, MARGIN)
+    assert isinstance(confirm, ConfirmEmpty)
+    engine.confirmed(confirm, unfinished=True)
+    wait = engine.decide(ask, MARGIN)
+    assert isinstance(wait, Wait) and wait.seconds == pytest.approx(RECONFIRM_SECONDS)
+    clock.now += RECONFIRM_SECONDS / 2
+    assert isinstance(engine.decide(ask, MARGIN), Wait)  # the same word: not asked again yet
+    clock.now += RECONFIRM_SECONDS / 2
+    again = engine.decide(ask, MARGIN)
+    assert isinstance(again, ConfirmEmpty) and again.word == confirm.word
+    engine.confirmed(again, unfinished=False)  # the job finished meanwhile
+    assert engine.decide(ask, MARGIN) is None
+
+
+def test_a_failed_confirmation_never_stops_a_worker() -> None:
+    engine, _, ask = dead_dispatchers_word()
+    confirm = engine.decide(ask, MARGIN)
+    assert isinstance(confirm, ConfirmEmpty)
+    engine.confirmed(confirm, unfinished=None)  # the list failed
+    assert isinstance(engine.decide(ask, MARGIN), Wait)
+
+
+def test_a_confirmation_holds_for_the_word_it_checked_only() -> None:
+    """A new word of the dispatcher (its count, its mark) is asked about again: an answer
+    about an older word neither stops nor holds the worker."""
+    engine, _, ask = dead_dispatchers_word()
+    old = engine.decide(ask, MARGIN)
+    assert isinstance(old, ConfirmEmpty)
+    engine.inbox((), pool_empty=False)  # the mark taken back, the record's 0 remains
+    engine.confirmed(old, unfinished=False)  # the late answer to the old word
+    new = engine.decide(ask, MARGIN)
+    assert isinstance(new, ConfirmEmpty) and new.word != old.word
+    engine.confirmed(new, unfinished=True)
+    assert isinstance(engine.decide(ask, MARGIN), Wait)
+    engine.dispatcher(T_NOW + timedelta(seconds=12), unfinished=0)  # a renewal: a new word
+    assert isinstance(engine.decide(ask, MARGIN), ConfirmEmpty)
+
+
+def test_a_worker_that_sees_the_whole_pool_stops_on_its_own_count_unasked() -> None:
+    engine, _ = narrowable(inbox=True)
+    engine.dispatcher(None)
+    epoch = engine.open_scope(FULL)
+    engine.stream_sink(epoch, 0).replace([], "5")
+    assert engine.decide(engine.ask("w", None, 32, until_empty=True), MARGIN) is None
 
 
 def test_the_inbox_mark_is_no_count_for_a_worker_that_sees_the_whole_pool() -> None:

@@ -37,6 +37,7 @@ from joblease.core.inbox import Inbox
 from joblease.core.pool_engine import (
     Adopt,
     Ask,
+    ConfirmEmpty,
     EngineFront,
     PoolClock,
     PoolEngine,
@@ -44,7 +45,7 @@ from joblease.core.pool_engine import (
     Wait,
 )
 from joblease.core.presence import Presence
-from joblease.core.scope import Scope
+from joblease.core.scope import Scope, unfinished_probe
 from joblease.domain.dispatch import Proposal
 from joblease.domain.lease import Observed
 from joblease.domain.pool import DEFAULT_SPREAD, PoolView
@@ -195,6 +196,10 @@ class AsyncPool(EngineFront, Generic[L]):
             chosen = await self._choose_or_wait(ask)
             if chosen is None:
                 return None
+            if isinstance(chosen, ConfirmEmpty):  # ask the API server, then decide again
+                self.engine.confirmed(chosen, await adrive(
+                    unfinished_probe(self.client.namespace, self.selector), self._port))
+                continue
             if isinstance(chosen, Adopt):
                 lease = await self._adopt(chosen.job, ask)
             elif isinstance(chosen, Propose):
@@ -206,7 +211,7 @@ class AsyncPool(EngineFront, Generic[L]):
 
     # -- choosing, waiting, claiming (the engine decides) ------------------------------------
 
-    async def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | Propose | None:
+    async def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | Propose | ConfirmEmpty | None:
         """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
         while (wait := self.engine.await_list(ask.end)) is not None:
             await _until(self._changed, wait.seconds)

@@ -11,8 +11,11 @@ wait; ``live_workers`` sent a request in one and read the clock estimate in the 
 
 * :meth:`PoolEngine.decide` answers one round of a ``claim_next``: a lease to claim (it is
   then marked as being claimed, so sibling claimers choose others), ``None`` (give up: the
-  timeout passed, the pool is closed, or ``until_empty`` found nothing unfinished), or a
-  :class:`Wait` (how long at most; any change wakes the driver sooner). It raises what the
+  timeout passed, the pool is closed, or ``until_empty`` found nothing unfinished), a
+  :class:`ConfirmEmpty` (a narrow worker about to stop on the dispatcher's word that the
+  pool is empty asks the API server first; the driver answers with
+  :meth:`PoolEngine.confirmed`), or a :class:`Wait` (how long at most; any change wakes
+  the driver sooner). It raises what the
   caller must see: a refused first list at once, an unreachable or missing one once the
   timeout passed, the cause of a dead feed;
 * :meth:`PoolEngine.settle` folds a claim's outcome in (``joblease.core.claiming`` made it):
@@ -70,6 +73,9 @@ MIN_WAIT = 0.01  # the least wait for a wake-up: an estimate that lands on "now"
 # it lists the whole pool anyway (a presence that fails or is refused must not stop it)
 FIRST_PRESENCE_WAIT = 2.0
 PROPOSAL_RETRY = 1.0  # a proposal tried and still proposed is read again after this long
+# a dispatcher's word that the pool is empty, found wrong by the API server, is checked again
+# after this long if it has not changed meanwhile (a dead dispatcher's word does not change)
+RECONFIRM_SECONDS = 2.0
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +157,28 @@ class Wait:
     seconds: float | None
 
 
-Decision = Observed | Adopt | Propose | Wait | None
+@dataclass(frozen=True)
+class ConfirmEmpty:
+    """Ask the API server whether the pool has an unfinished job, then decide again.
+
+    A narrow worker (it watches only its own jobs) knows that the pool is empty only from
+    the dispatcher's word: its record's count, or the mark in this worker's inbox. A
+    dispatcher that died leaves its last word in place until its record lapses, so an
+    ``until_empty`` claim stops only once one list (:func:`unfinished_probe`) agrees
+    (safety.md #63). ``word``: the dispatcher's word it checks (:meth:`PoolEngine.confirmed`).
+    """
+
+    word: int
+
+
+@dataclass(frozen=True)
+class _Confirmed:
+    word: int
+    empty: bool
+    at: float  # the engine's clock
+
+
+Decision = Observed | Adopt | Propose | Wait | ConfirmEmpty | None
 
 
 class PoolEngine:
@@ -225,6 +252,8 @@ class PoolEngine:
         self.scopes = 0
         self.pool_unfinished: int | None = None
         self.inbox_says_empty = False  # the dispatcher marked this worker's inbox: pool empty
+        self._word = 0  # moves whenever the dispatcher's word on the pool's count changes
+        self._confirmed: _Confirmed | None = None  # the API server's answer on that word
         self._epoch = 0  # the scope opened last; a stopped scope's late deliveries are dropped
         self._opening: Scope = FULL
         self._merge: StreamMerge | None = None  # None: one stream, the view itself
@@ -280,6 +309,7 @@ class PoolEngine:
         with self._guard:
             first, self._presence_answered = not self._presence_answered, True
             if first or (until, unfinished) != (self.dispatcher_until, self.pool_unfinished):
+                self._word += 1
                 self.dispatcher_until, self.pool_unfinished = until, unfinished
                 self._changed()
 
@@ -292,6 +322,8 @@ class PoolEngine:
         counts no unfinished job (a narrow view's count, as the record's, at once).
         """
         with self._guard:
+            if pool_empty != self.inbox_says_empty:
+                self._word += 1
             self.proposals, self.inbox_says_empty = proposals, pool_empty
             listed = {(p.name, p.resource_version) for p in proposals}
             self._tried = {key: at for key, at in self._tried.items() if key in listed}
@@ -484,15 +516,47 @@ class PoolEngine:
             if chosen is not None:
                 self._claiming.add(chosen.name)  # siblings choose others meanwhile
                 return chosen
+            recheck: float | None = None
             if ask.until_empty and self._pool_unfinished() == 0:
-                return None
+                emptiness = self._emptiness()
+                if emptiness is None or isinstance(emptiness, ConfirmEmpty):
+                    return emptiness  # empty (the whole pool in view, or confirmed), or ask
+                recheck = emptiness  # the dispatcher's word was wrong: wait, ask again
             left = self._left(ask.end)
             if left is not None and left <= 0:
                 return None
             wake = self._until_wake(self.view.next_wake(now, margin))
             if dispatched:  # or to be given work, or for the dispatcher to lapse
                 wake = _least(wake, self._until_wake(self.dispatcher_until))
-            return Wait(_least(wake, left, self._proposal_retry()))
+            return Wait(_least(wake, left, self._proposal_retry(), recheck))
+
+    def _emptiness(self) -> ConfirmEmpty | float | None:
+        """Whether a pool count of 0 may stop an ``until_empty`` claim (guard held).
+
+        ``None``: yes (the view is the whole pool, or the API server confirmed the
+        dispatcher's current word); :class:`ConfirmEmpty`: ask it first; seconds: no, it
+        found an unfinished job: wait that long at most before asking again.
+        """
+        if not self.scope.narrow:
+            return None  # its own view is the whole pool
+        done = self._confirmed
+        if done is None or done.word != self._word:
+            return ConfirmEmpty(self._word)
+        if done.empty:
+            return None
+        left = RECONFIRM_SECONDS - (self.clock.monotonic() - done.at)
+        return ConfirmEmpty(self._word) if left <= 0 else max(left, MIN_WAIT)
+
+    def confirmed(self, ask: ConfirmEmpty, unfinished: bool | None) -> None:
+        """The API server's answer to ``ask``: whether the pool has an unfinished job.
+
+        ``None``: it could not answer (a failed list); counted as unfinished, so that a
+        worker stops only on a confirmed count of 0 (it asks again after
+        :data:`RECONFIRM_SECONDS`).
+        """
+        with self._guard:
+            self._confirmed = _Confirmed(ask.word, unfinished is False, self.clock.monotonic())
+            self._changed()
 
     def dispatched(self, now: ServerNow) -> bool:
         """Whether a live dispatcher gives this worker the jobs that opted in to it.

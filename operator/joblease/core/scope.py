@@ -20,13 +20,38 @@ the thread and the asyncio pool only run one feed per field selector.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from joblease.domain.lease import Observed
+from joblease.core.steps import Call, Steps
+from joblease.domain.lease import Observed, Phase
 from joblease.domain.pool import is_newer
+from joblease.kube.api import ApiError
+from joblease.kube.leases import Page, list_call
+
+log = logging.getLogger(__name__)
 
 NOT_DISPATCHED = "spec.dispatch.enabled!=true"
+# the pool's unfinished jobs: an absent phase (not yet initialised) matches, as for ``!=true``
+UNFINISHED = f"status.phase!={Phase.COMPLETED.value},status.phase!={Phase.FAILED.value}"
+
+
+def unfinished_probe(namespace: str, selector: str | None) -> Steps[bool | None]:
+    """Whether the pool has an unfinished job, asked of the API server: one list, ``limit=1``.
+
+    Why: a narrow worker sees only its own jobs, and the dispatcher's word that the pool is
+    empty may be a dead dispatcher's last (``PoolEngine.decide``, ``ConfirmEmpty``). One
+    page of at most one object, whatever the pool's size. ``None``: no answer (a failed
+    or refused list), which the engine counts as unfinished: a worker stops on a
+    confirmed 0 only.
+    """
+    try:
+        page: Page = yield Call(list_call(namespace, selector, 1, "", UNFINISHED))
+    except ApiError as err:
+        log.info("JobLease pool %r: could not ask whether it is empty (%s)", selector, err)
+        return None
+    return bool(page.items)
 
 
 def escape_field_value(value: str) -> str:

@@ -44,6 +44,7 @@ from joblease.core.inbox import Inbox
 from joblease.core.pool_engine import (
     Adopt,
     Ask,
+    ConfirmEmpty,
     EngineFront,
     PoolClock,
     PoolEngine,
@@ -51,7 +52,7 @@ from joblease.core.pool_engine import (
     Wait,
 )
 from joblease.core.presence import Presence
-from joblease.core.scope import Scope
+from joblease.core.scope import Scope, unfinished_probe
 from joblease.core.steps import Stopped, SyncPort, drive
 from joblease.domain.dispatch import Proposal
 from joblease.domain.lease import Observed
@@ -195,6 +196,10 @@ class Pool(EngineFront, Generic[L]):
             chosen = self._choose_or_wait(ask)
             if chosen is None:
                 return None
+            if isinstance(chosen, ConfirmEmpty):  # ask the API server, then decide again
+                self.engine.confirmed(chosen, drive(
+                    unfinished_probe(self._client.namespace, self.selector), self._port))
+                continue
             if isinstance(chosen, Adopt):
                 lease = self._adopt(chosen.job, ask)
             elif isinstance(chosen, Propose):
@@ -239,7 +244,7 @@ class Pool(EngineFront, Generic[L]):
 
     # -- choosing, waiting, claiming (the engine decides) ------------------------------------
 
-    def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | Propose | None:
+    def _choose_or_wait(self, ask: Ask) -> Observed | Adopt | Propose | ConfirmEmpty | None:
         """The cached lease to try now, after waiting for one; ``None``: give up (step 5)."""
         with self._changed:
             self._until_listed(ask.end)
