@@ -152,9 +152,9 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
     try:  # a worker's fixed cost: start, list an empty selector, calibrate, exit
         spawns["worker"] = spawn_cost(work_argv(kubeconfig, namespace, "batch=empty",
                                                 "startup-w", NOOP, until_empty=True), STARTUPS)
-        for run in (drain, dispatched["drain"]):  # each drain started `workers` workers
-            run["worker_cpu_s_per_job_net"] = ((run["worker_cpu_s_per_job"] * jobs
-                                                - workers * spawns["worker"]["cpu_s"]) / jobs)
+        for each in (drain, dispatched["drain"]):  # each drain started `workers` workers
+            each["worker_cpu_s_per_job_net"] = ((each["worker_cpu_s_per_job"] * jobs
+                                                 - workers * spawns["worker"]["cpu_s"]) / jobs)
     except (subprocess.SubprocessError, OSError) as err:
         progress(f"pool: a worker's start-up not measured: {err}")
     floor_rate = ((before["writes"] + after["writes"])
@@ -1161,12 +1161,12 @@ def _urgent(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, workers
     recorder = dispatch.dispatcher
     assert isinstance(recorder, RecordingDispatcher)
     spans = {o.name: _span(o) for o in items}
-    claims = {name: (span.holder, span.acquired) for name, span in spans.items()}
+    claimed = {name: (span.holder, span.acquired) for name, span in spans.items()}
     rounds_ = []
     for name, t in sent.items():
         others = [v for k, v in spans.items() if k != name]
         figures = urgent_wait(t, spans[name].acquired, URGENT_PRIORITY, others, workers,
-                              recorder.decided_unseen(name, claims))
+                              recorder.decided_unseen(name, claimed))
         # the same round with no slot excused (the figure before the proposals were recorded)
         unexcused = urgent_wait(t, spans[name].acquired, URGENT_PRIORITY, others, workers)
         rounds_.append({"job": name, **figures, "wait_s_unexcused": unexcused["wait_s"]})

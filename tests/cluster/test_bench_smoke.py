@@ -124,6 +124,8 @@ def _dispatched_sections_ran(pool: dict[str, Any], table: str) -> None:
     # every urgent job was claimed, each round read from the server's records
     assert urgent["wait_s"]["n"] == urgent["rounds"] == len(urgent["samples"]) > 0
     assert all(s["busy"] <= workers for s in urgent["samples"]), urgent["samples"]
+    # the dispatcher's own figures (once overwritten by the claims the rounds were read from)
+    assert urgent["dispatch"]["claimed_by_dispatcher"] >= urgent["rounds"], urgent["dispatch"]
     assert trickle["claimed"]["n"] == trickle["jobs"] and trickle["events_per_job"] > 0
     assert trickle["exit_codes_after_sigterm"] == [0] * workers
     for row in ("| pool, dispatched: drain", "| pool, dispatched: order",
