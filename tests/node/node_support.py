@@ -92,30 +92,64 @@ class NodeCluster:
         return dict(obj.get("status") or {})
 
     def container_pids(self, ns: str, pod: str) -> list[int]:
-        """Host PIDs of every process in the pod's app containers (for SIGSTOP/SIGCONT)."""
-        status = self.api(f"/api/v1/namespaces/{ns}/pods/{pod}")["status"]
+        """Host PIDs of every process in the pod's app containers' cgroups.
+
+        Everything the runtime lists: each container's own process and its descendants,
+        and any process exec'd into it (a readiness probe's ``sh``, its ``date``).
+        """
         pids: list[int] = []
-        for cs in status.get("containerStatuses", []):
-            cid = cs["containerID"].split("://", 1)[1]
+        for cid in self._container_ids(ns, pod):
             out = self.node.ctr("tasks", "ps", cid)
             assert out.returncode == 0, out.stderr
             pids += [int(line.split()[0]) for line in out.stdout.splitlines()[1:] if line.strip()]
         return pids
 
+    def app_pids(self, ns: str, pod: str) -> list[int]:
+        """Host PIDs of the pod's apps: each container's own process and its descendants.
+
+        Why not every process of the container: a process exec'd into it (a readiness
+        probe) is the kubelet's, not the app's. A probe stopped with the app, or a child
+        of it stopped while holding the exec's output open, can hang the kubelet's probe,
+        and then the probe's last result, Ready, stands: a paused pod stayed Ready for 30 s
+        in a full run at ``7bb0c88`` (``test_user_journey``, step 4). An exec'd process's
+        parent is the runtime's shim, outside the container, so it descends from no
+        container's own process.
+        """
+        return self.processes(ns, pod)[0]
+
+    def processes(self, ns: str, pod: str) -> tuple[list[int], list[int]]:
+        """The containers' processes from one listing: the apps', and the exec'd ones."""
+        roots = set(self.task_pids(ns, pod))
+        cgroup = self.container_pids(ns, pod)
+        parents = {pid: parent for pid in cgroup if (parent := _parent_pid(pid)) is not None}
+        apps = [pid for pid in cgroup if _descends(pid, roots, parents)]
+        return apps, [pid for pid in cgroup if pid not in apps]
+
+    def _container_ids(self, ns: str, pod: str) -> list[str]:
+        status = self.api(f"/api/v1/namespaces/{ns}/pods/{pod}")["status"]
+        return [cs["containerID"].split("://", 1)[1] for cs in status.get("containerStatuses", [])]
+
+    def task_pids(self, ns: str, pod: str) -> list[int]:
+        """The PID of each app container's own process (``ctr tasks ls``: TASK PID STATUS)."""
+        ids = set(self._container_ids(ns, pod))
+        out = self.node.ctr("tasks", "ls")
+        assert out.returncode == 0, out.stderr
+        rows = [line.split() for line in out.stdout.splitlines()[1:]]
+        return [int(row[1]) for row in rows if len(row) >= 2 and row[0] in ids]
+
     @contextlib.contextmanager
     def paused(self, ns: str, pod: str) -> Iterator[list[int]]:
-        """Every process of the pod's app containers stopped (SIGSTOP) inside the block.
+        """Every process of the pod's apps stopped (SIGSTOP) inside the block (:meth:`app_pids`).
 
         Why tolerate a process that is gone: the listing is a snapshot, and a short-lived
-        process in the container (a readiness probe's exec) can end between the listing and
-        the signal (CI failed once on exactly that, ``ProcessLookupError`` on SIGSTOP). A
-        process that has ended needs no pause and gets no SIGCONT; one the kubelet kills
-        while stopped (a probe past its timeout) is skipped on resume too. The block is
-        given the PIDs actually stopped, and at least one must be: a pod with nothing left
-        to pause is a failure of the test, not a pause.
+        process can end between the listing and the signal (CI failed once on exactly
+        that, ``ProcessLookupError`` on SIGSTOP). A process that has ended needs no pause
+        and gets no SIGCONT. The block is given the PIDs actually stopped, and at least one
+        must be: a pod with nothing left to pause is a failure of the test, not a pause.
+        Probes are never stopped (:meth:`app_pids` says why).
         """
         stopped: list[int] = []
-        for pid in self.container_pids(ns, pod):
+        for pid in self.app_pids(ns, pod):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
@@ -126,6 +160,26 @@ class NodeCluster:
             for pid in stopped:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
+
+
+def _parent_pid(pid: int) -> int | None:
+    """``pid``'s parent from ``/proc`` (``None``: it has ended)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after the command name: state, ppid
+
+
+def _descends(pid: int, roots: set[int], parents: dict[int, int]) -> bool:
+    """Whether ``pid`` is one of ``roots`` or below one, through ``parents`` alone."""
+    seen: set[int] = set()
+    while pid not in roots:
+        if pid in seen or pid not in parents:
+            return False
+        seen.add(pid)
+        pid = parents[pid]
+    return True
 
 
 def worker_pod(name: str, ns: str, args: list[str], *, lease: str | None = None,
