@@ -503,7 +503,8 @@ def test_the_guards_are_named_after_the_lease_and_never_keep_a_process_alive(kin
         else:
             seen.update({t.get_name(): True for t in asyncio.all_tasks()})
 
-    run = hold_for(kind, lease_for(kind, 5), STEP, look)
+    # a 0.6 s lease renews after 0.2 s: the sync guards start then (GuardStarter)
+    run = hold_for(kind, lease_for(kind, 0.6), 0.4, look)
     assert run.error is None
     if kind == "sync":
         assert seen["renew-job"] is True and seen["deadline-job"] is True
