@@ -91,6 +91,25 @@ class NodeCluster:
         obj = self.api(f"/apis/joblease.dev/v1alpha1/namespaces/{ns}/jobleases/{name}")
         return dict(obj.get("status") or {})
 
+    def pod_log_files(self, ns: str, pod: str) -> str:
+        """Every log the node still keeps of the pod's containers, instance by instance.
+
+        Why besides ``kubectl logs``: it shows the current instance or the one before,
+        through the kubelet's API; these are the kubelet's files (``podLogsDir``), read
+        directly, one per instance still kept (a dead container's goes when the kubelet
+        collects it, after about a minute). The journey once waited 30 s for a line that
+        neither ``kubectl logs`` call returned (docs/safety.md #65).
+        """
+        uid = self.api(f"/api/v1/namespaces/{ns}/pods/{pod}")["metadata"]["uid"]
+        root = self.node.dir / "pod-logs" / f"{ns}_{pod}_{uid}"
+
+        def instance(path: Path) -> tuple[str, int]:
+            stem = path.name.split(".", 1)[0]
+            return path.parent.name, int(stem) if stem.isdigit() else -1
+
+        files = sorted((p for p in root.glob("*/*.log") if p.is_file()), key=instance)
+        return "".join(p.read_text(errors="replace") for p in files)
+
     def container_pids(self, ns: str, pod: str) -> list[int]:
         """Host PIDs of every process in the pod's app containers' cgroups.
 

@@ -304,11 +304,19 @@ def test_user_journey(release: Release, node_ns: str, pg: PostgresServer) -> Non
         handover = time.monotonic() - paused
     # Step 6: the paused worker resumes into its write with generation n: refused, exit 4.
     wait_for(lambda: _last_exit(nc, ns, a) == 4, 60, f"{a} to exit 4 (refused by the fence)")
-    # The ended container's log: still the current one until the kubelet restarts it.
-    refused = wait_for(lambda: next((log for log in (_log(nc, ns, a, previous=True),
-                                                     _log(nc, ns, a))
-                                     if "refused by the fence" in log), None),
-                       30, f"{a}'s log of the refusal")
+    # The ended container's log: the node's own files first (every instance it keeps, no
+    # kubelet API), then `kubectl logs` of the previous and the current instance (#65).
+    try:
+        refused = wait_for(lambda: next((log for log in (nc.pod_log_files(ns, a),
+                                                         _log(nc, ns, a, previous=True),
+                                                         _log(nc, ns, a))
+                                         if "refused by the fence" in log), None),
+                           30, f"{a}'s log of the refusal")
+    except AssertionError as err:
+        statuses = nc.api(f"/api/v1/namespaces/{ns}/pods/{a}")["status"].get(
+            "containerStatuses")
+        raise AssertionError(f"{err}\ncontainer statuses: {statuses}\n--- node's log files:\n"
+                             f"{nc.pod_log_files(ns, a)[-3000:]}") from err
     assert "refused by the fence" in refused, refused
     # ... and completing the lease with its old token is refused by the protocol (exit 4).
     a_uid = nc.api(f"/api/v1/namespaces/{ns}/pods/{a}")["metadata"]["uid"]

@@ -8,6 +8,7 @@ than all the others, a guard that cannot be started, thousands of short blocks.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -107,3 +108,28 @@ def test_thousands_of_short_blocks_leave_nothing_behind() -> None:
             holding.complete()
     assert STARTER.pending() == pending
     assert len(STARTER._heap) <= 2 * pending + 64 + 1, len(STARTER._heap)
+
+
+def test_a_forked_child_holds_with_a_starter_of_its_own() -> None:
+    """The parent's starter lock held at the fork (another thread adding, say) must not
+    leave the child's holdings without guards."""
+    with STARTER._cond:  # held across the fork, as another thread might
+        pid = os.fork()
+        if pid == 0:  # the child: hold a lease that must renew
+            ok = False
+            try:
+                lease = TimedLease(0.3)
+                with Holding(lease) as holding:
+                    time.sleep(0.25)
+                    holding.check()
+                ok = len(lease.renewed_at) >= 1
+            finally:
+                os._exit(0 if ok else 1)
+    deadline = time.monotonic() + 10
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's holding never started its guards (a lock held at fork)")
+    assert os.waitstatus_to_exitcode(done[1]) == 0, "the child's lease was never renewed"

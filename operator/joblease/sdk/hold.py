@@ -21,6 +21,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -226,10 +227,16 @@ class GuardStarter:
 
     It only computes and starts threads, never sends a request, so a hung request cannot
     delay it. A holding whose guards cannot be started (no thread to be had) is declared
-    lost (``guard_ended``); the others are not affected.
+    lost (``guard_ended``); the others are not affected. A child made by ``fork`` starts
+    afresh (:meth:`reset`): the parent's thread is not in it, and its lock may have been
+    held at the fork.
     """
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every entry and the thread (in a child after ``fork``; see the class)."""
         self._cond = threading.Condition()
         self._due: dict[int, tuple[float, Holding]] = {}  # key → (when, holding)
         self._heap: list[tuple[float, int]] = []  # (when, key); stale keys are skipped
@@ -297,3 +304,4 @@ class GuardStarter:
 
 
 STARTER = GuardStarter()
+os.register_at_fork(after_in_child=STARTER.reset)
