@@ -46,7 +46,7 @@ def test_a_block_that_ends_before_its_first_renewal_starts_no_guard_thread() -> 
         time.sleep(0.05)
         assert _guards_alive("short") == [] and STARTER.pending() == pending + 1
         holding.complete("done")
-    assert not any(t.ident for t in holding._threads), "a guard thread was started"
+    assert holding._guard_threads is None, "a guard thread was made"
     assert STARTER.pending() == pending and lease.completed == ["done"]
 
 

@@ -20,7 +20,7 @@ import time
 import pytest
 
 from joblease.engines.runner import Stopper
-from joblease.engines.supervisor import Supervisor, Watcher
+from joblease.engines.supervisor import Supervisor, Watcher, watcher_argv
 
 SLEEP = ["sleep", "30"]
 
@@ -97,6 +97,20 @@ def test_a_worker_killed_with_sigkill_takes_its_commands_with_it() -> None:
         time.sleep(0.05)
     assert not _alive(polite) and not _alive(stubborn), "a command outlived its worker"
     assert time.monotonic() - started < 3.0  # the grace (0.5 s) plus a little
+
+
+def test_the_supervisor_process_imports_only_what_its_loop_needs() -> None:
+    """Every worker starts one: importing the ``joblease`` package there cost about 60 ms of
+    CPU per worker, most of what a short drain's supervisors cost (docs/benchmarks.md)."""
+    argv = watcher_argv(0.5)
+    timed = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], stdin=subprocess.DEVNULL,
+                           capture_output=True, text=True, timeout=30, check=True)
+    imported = {line.rsplit("|", 1)[1].strip() for line in timed.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert {"os", "select", "signal"} <= imported  # the probe sees the loop's own imports
+    heavy = {name for name in imported if name.split(".")[0] in
+             ("joblease", "site", "subprocess", "threading", "dataclasses", "inspect")}
+    assert not heavy, f"the supervisor process imported {sorted(heavy)}"
 
 
 def test_hostile_lines_are_ignored_and_overdue_groups_killed_at_once() -> None:

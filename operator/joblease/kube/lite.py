@@ -189,7 +189,7 @@ class LiteApiClient:
             return _SniConnection(self._host, self._port, timeout=timeout,
                                   context=self._config.ssl_context,
                                   server_hostname=self._config.server_hostname)
-        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
+        return _PlainConnection(self._host, self._port, timeout=timeout)
 
     def _reusable(self) -> http.client.HTTPConnection | None:
         """The most recently used idle connection still fit to send on, or ``None``.
@@ -277,8 +277,108 @@ class LiteStream:
         self.close()
 
 
+class _LeanResponse(http.client.HTTPResponse):
+    """``http.client``'s response, its header block read without the ``email`` parser.
+
+    Why: ``http.client.parse_headers`` hands the block to ``email.parser``, which cost
+    about 70 µs of CPU per response of kube-apiserver's (ten header lines), ten times a
+    plain split, and ``joblease work`` reads two or three responses per job
+    (docs/benchmarks.md). Everything else is ``HTTPResponse.begin``'s logic, unchanged: a
+    ``100 Continue`` skipped, chunked bodies, ``Connection: close``, a Content-Length, and
+    the same ``HTTPMessage`` (case-insensitive ``get``, repeated headers kept in order).
+    """
+
+    def begin(self) -> None:
+        """Read the status line and headers; decide how the body is framed (as the stdlib)."""
+        if self.headers is not None:
+            return  # already begun
+        while True:
+            version, status, reason = self._read_status()
+            if status != http.client.CONTINUE:
+                break
+            _header_lines(self.fp)  # an interim answer's headers: skipped
+        self.code = self.status = status
+        self.reason = reason.strip()
+        if version in ("HTTP/1.0", "HTTP/0.9"):
+            self.version = 10
+        elif version.startswith("HTTP/1."):
+            self.version = 11
+        else:
+            raise http.client.UnknownProtocol(version)
+        self.headers = self.msg = parse_header_block(_header_lines(self.fp))
+        encoding = self.headers.get("transfer-encoding")
+        self.chunked = bool(encoding and encoding.lower() == "chunked")
+        if self.chunked:
+            self.chunk_left = None  # the first chunk's size line is next
+        self.will_close = self._check_close()
+        self.length = None if self.chunked else _content_length(
+            self.headers.get("content-length"))
+        if (status in (http.client.NO_CONTENT, http.client.NOT_MODIFIED)
+                or 100 <= status < 200 or self._method == "HEAD"):
+            self.length = 0
+        if not self.will_close and not self.chunked and self.length is None:
+            self.will_close = True  # no framing: the body ends when the connection does
+
+
+def _header_lines(fp: Any) -> list[bytes]:
+    """The header block's lines up to the blank one, bounded as ``http.client`` bounds them."""
+    lines: list[bytes] = []
+    while True:
+        line = fp.readline(MAX_HEADER_LINE + 1)
+        if len(line) > MAX_HEADER_LINE:
+            raise http.client.LineTooLong("header line")
+        if line in (b"\r\n", b"\n", b""):
+            return lines
+        lines.append(line)
+        if len(lines) > MAX_HEADERS:
+            raise http.client.HTTPException(f"got more than {MAX_HEADERS} headers")
+
+
+def parse_header_block(lines: list[bytes]) -> http.client.HTTPMessage:
+    """The headers of ``lines`` as ``http.client.parse_headers`` returns them.
+
+    As ``email``'s compat32 policy reads them: the name is what precedes the first colon,
+    the value what follows it less leading blanks, a folded line (starting with a space or
+    a tab) continues the previous value with its line break kept, trailing line breaks
+    dropped. A line without a colon is skipped (``email`` stops reading headers there).
+    """
+    message = http.client.HTTPMessage()
+    fields: list[list[str]] = []
+    for raw in lines:
+        line = raw.decode("iso-8859-1")
+        if line[:1] in (" ", "\t"):
+            if fields:
+                fields[-1].append(line)
+        elif ":" in line:
+            fields.append([line])
+    for first, *folded in fields:
+        name, value = first.split(":", 1)
+        message[name] = (value.lstrip(" \t") + "".join(folded)).rstrip("\r\n")
+    return message
+
+
+def _content_length(value: str | None) -> int | None:
+    try:
+        length = int(value) if value else None
+    except ValueError:
+        return None
+    return None if length is None or length < 0 else length
+
+
+MAX_HEADER_LINE = 65536  # http.client's _MAXLINE
+MAX_HEADERS = 100  # http.client's _MAXHEADERS
+
+
+class _PlainConnection(http.client.HTTPConnection):
+    """HTTP (a test's plain server, a local proxy) with the lean header reading."""
+
+    response_class = _LeanResponse
+
+
 class _SniConnection(http.client.HTTPSConnection):
     """HTTPS with the kubeconfig's ``tls-server-name`` as SNI and verified name."""
+
+    response_class = _LeanResponse
 
     def __init__(self, host: str, port: int | None, *, timeout: float | None,
                  context: ssl.SSLContext | None, server_hostname: str | None) -> None:

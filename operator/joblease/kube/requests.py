@@ -12,6 +12,7 @@ move bytes and measure the local send and receive instants.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -167,7 +168,7 @@ def fold_date(clock: ServerClock, header: str | None, sent: float, received: flo
     if not header:
         return
     try:
-        server_seconds = int(parsedate_to_datetime(header).timestamp())
+        server_seconds = date_seconds(header)
     except (TypeError, ValueError):
         return
     jumps = clock.jumps
@@ -179,6 +180,17 @@ def fold_date(clock: ServerClock, header: str | None, sent: float, received: flo
             "differ beyond the assumption; expiry judgments stay conservative for "
             "%.0fs (leases end early, takeovers wait). See docs/ha.md.",
             header, clock.max_gap, MAX_SERVER_SKEW_ENV, clock.max_skew, clock.track_ttl)
+
+
+@functools.lru_cache(maxsize=16)
+def date_seconds(header: str) -> int:
+    """A ``Date`` header as Unix seconds (``ValueError``/``TypeError`` if it is not one).
+
+    Cached: the header changes once a second while a worker reads two or three responses
+    a job, and ``email.utils`` takes 10 µs to parse one (docs/benchmarks.md). A failed
+    parse is not cached (``lru_cache`` keeps only results); it is rare and skipped.
+    """
+    return int(parsedate_to_datetime(header).timestamp())
 
 
 def server_time(clock: ServerClock, monotonic: float, host: str) -> ServerNow:

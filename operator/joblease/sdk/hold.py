@@ -90,12 +90,26 @@ class Holding(HoldingFront[HeldLease]):
         self._guards_started = False
         self._exited = False
         self._entered = 0.0  # local monotonic time of __enter__: the renewer's first wait
-        self._threads = [
-            threading.Thread(target=self._guarded, args=("renewal", self._renew_loop),
-                             name=f"renew-{lease.name}", daemon=True),
-            threading.Thread(target=self._guarded, args=("deadline watchdog", self._watchdog),
-                             name=f"deadline-{lease.name}", daemon=True),
-        ]
+        self._guard_threads: list[threading.Thread] | None = None  # made on first use
+
+    @property
+    def _threads(self) -> list[threading.Thread]:
+        """The renewer and the watchdog, made when first asked for (by the starter, mostly).
+
+        Most of a pool's jobs end before their first renewal is due, so their guards never
+        start (``GuardStarter``); making the two ``Thread`` objects anyway cost a worker
+        about 0.1 ms a job (docs/benchmarks.md).
+        """
+        if self._guard_threads is None:
+            name = self.lease.name
+            self._guard_threads = [
+                threading.Thread(target=self._guarded, args=("renewal", self._renew_loop),
+                                 name=f"renew-{name}", daemon=True),
+                threading.Thread(target=self._guarded,
+                                 args=("deadline watchdog", self._watchdog),
+                                 name=f"deadline-{name}", daemon=True),
+            ]
+        return self._guard_threads
 
     def complete(self, result: str = "") -> None:
         """Complete the job under this lease (refused if it was lost); renewals then stop.
