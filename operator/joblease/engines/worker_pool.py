@@ -47,6 +47,7 @@ from joblease.sdk.client import Lease
 
 EXIT_OK, EXIT_API, EXIT_JOBS_FAILED, EXIT_DRAIN_TIMEOUT = 0, 6, 7, 8
 MAX_UNAVAILABLE_PAUSE = 5.0
+MAX_LOOK = 1.0  # the main loop looks at least this often, even with nothing due (a net)
 
 
 class ClaimSource(Protocol):
@@ -173,9 +174,9 @@ class WorkPool:
             slot.start()
         self._say(f"started {len(slots)} slot(s) for: {' '.join(self.options.command)}")
         while any(slot.is_alive() for slot in slots):
+            self._wake.clear()  # before looking: news that comes meanwhile is not lost
             self._supervise()
-            self._wake.wait(0.2)
-            self._wake.clear()
+            self._wake.wait(self._next_look())
         for slot in slots:
             slot.join()
         self.supervisor.close()  # no command left: the watcher exits without killing
@@ -199,6 +200,20 @@ class WorkPool:
             self._emptied = True
             self.drain()
         self.progress()
+
+    def _next_look(self) -> float:
+        """Seconds the main loop may sleep: until the next progress line or drain deadline.
+
+        What else it reacts to wakes it (``_wake``): a slot that found nothing to claim
+        (``--until-empty`` then asks whether the pool is empty), a slot that ended, a drain
+        requested. It used to look every 0.2 s; each look cost a worker about 0.15 ms of
+        CPU, 0.8 ms a second while idle (docs/benchmarks.md).
+        """
+        now = time.monotonic()
+        due = self._last_progress + self.options.progress_every
+        if self.draining.is_set() and not self.stop.is_set():
+            due = min(due, self._drain_deadline if self._drain_deadline is not None else now)
+        return max(0.0, min(due - now, MAX_LOOK))
 
     def _empty(self) -> bool:
         with self.tally.lock:
@@ -267,11 +282,14 @@ class WorkPool:
                 if lease is not None:
                     self._run(lease)
                 elif self.options.until_empty:
+                    self._wake.set()  # the main loop asks whether the pool is empty
                     self.draining.wait(0.1)  # an empty pool answers at once: do not spin
         except ApiError as err:
             self._give_up(err)
         except BaseException as err:  # a slot never dies silently: the worker drains
             self._give_up(err)
+        finally:
+            self._wake.set()  # the main loop waits for every slot to end
 
     def _pause_after(self, err: UnavailableError, failures: int) -> None:
         pause = min(MAX_UNAVAILABLE_PAUSE, 0.2 * 2 ** min(failures, 5))
@@ -303,7 +321,6 @@ class WorkPool:
         word = self.tally.count(result)
         self._say(f"{lease.name}: {word}")
         self.progress(force=True)
-        self._wake.set()
 
     def _release_unrun(self, lease: Lease) -> None:
         try:
