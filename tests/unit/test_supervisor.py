@@ -113,6 +113,24 @@ def test_the_supervisor_process_imports_only_what_its_loop_needs() -> None:
     assert not heavy, f"the supervisor process imported {sorted(heavy)}"
 
 
+def test_a_watcher_loaded_from_no_file_runs_as_a_module_and_still_kills_at_the_deadline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a file to run (a zip, a frozen build) the command line must still start a
+    watcher: an empty path would start a process that exits at once, silently."""
+    from joblease.engines import watcher
+
+    monkeypatch.setattr(watcher, "__file__", None)
+    argv = watcher_argv(0.5)
+    assert argv[1:3] == ["-m", "joblease.engines.watcher"]
+    supervisor = Supervisor(grace=0.5)
+    try:
+        child = spawn()
+        supervisor.watch(child.pid, time.monotonic() + 0.3)
+        assert gone_within(child, 3.0) == -signal.SIGKILL
+    finally:
+        supervisor.close()
+
+
 def test_hostile_lines_are_ignored_and_overdue_groups_killed_at_once() -> None:
     watcher = Watcher(grace=1.0)
     for line in ("", "  ", "watch", "watch 1", "deadline x", "watch 3 y", "done z", "done",

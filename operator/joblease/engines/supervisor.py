@@ -27,6 +27,7 @@ leases; it only enforces deadlines the worker computed.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import threading
@@ -35,6 +36,7 @@ from joblease.engines import watcher
 from joblease.engines.watcher import Watcher
 
 __all__ = ["Supervisor", "Watcher", "watcher_argv"]
+
 
 class Supervisor:
     """The worker's side: starts the watcher on first use and talks to it.
@@ -98,6 +100,11 @@ def watcher_argv(grace: float) -> list[str]:
 
     ``-S``: no ``site`` (the watcher needs only the standard library); ``-P``: the file's
     own directory is not put first on ``sys.path``, where a module of this package could
-    shadow one of the standard library's.
+    shadow one of the standard library's. A package loaded from no file (a zip, a frozen
+    build) runs it as ``-m joblease.engines.watcher`` instead: dearer to start, never a
+    command line naming no file, whose process would exit at once and leave the worker's
+    commands unwatched.
     """
-    return [sys.executable, "-S", "-P", watcher.__file__ or "", repr(grace)]
+    if watcher.__file__ is None or not os.path.isfile(watcher.__file__):
+        return [sys.executable, "-m", watcher.__name__, repr(grace)]
+    return [sys.executable, "-S", "-P", watcher.__file__, repr(grace)]
