@@ -4,8 +4,9 @@
 plane, N dispatched JobLeases drained by W ``joblease work`` processes with a dispatcher in
 this process (``bench.pool._drain``, the same code as ``python -m bench --only pool``),
 printing the drain's rate, the workers' and the dispatcher's CPU per job, watch events and
-requests per job and completion → next claim. No floor is measured: compare two runs of
-this on one machine, one after the other, not with the full bench's ratios.
+requests per job, completion → next claim, and the host's CPU per job by process. No floor
+is measured: compare two runs of this on one machine, one after the other, not with the
+full bench's ratios.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from bench import common, pool
+from bench.pool_figures import cpu_budget
 from joblease.kube.api import KubeApi
 from joblease_localcluster.cluster import LocalCluster
 
@@ -50,6 +52,9 @@ def main() -> None:
         "before_first_claim_s": round(figures["before_first_claim_s"], 1),
         "after_last_completion_s": round(figures["after_last_completion_s"], 1),
         "requests_per_job": figures["requests_per_job"],
+        "host_cpu_ms_per_job": {k: round(v, 2) for k, v in cpu_budget(
+            [figures["cpu_window"]], args.jobs, figures["worker_cpu_s_per_job"],
+            figures["dispatch"]["dispatcher_cpu_s_per_job"]).items()},
         "completion_to_next_claim_ms": {"p50": round(between["p50"] * 1000),
                                         "p99": round(between["p99"] * 1000)}}, indent=1))
 

@@ -69,6 +69,7 @@ from typing import IO, Any
 
 from bench.common import (
     REPO,
+    CpuWindow,
     apiserver_metric,
     apiserver_requests,
     count,
@@ -76,7 +77,7 @@ from bench.common import (
     progress,
     summary,
 )
-from bench.pool_figures import Span, places_late, urgent_wait
+from bench.pool_figures import Span, cpu_budget, places_late, urgent_wait
 from joblease.core.dispatcher import Dispatcher
 from joblease.domain.lease import Observed, Phase, dispatched_claim
 from joblease.kube import lite
@@ -171,6 +172,7 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
         "spawn_cost": spawns, "targets": TARGETS,
         "ratio": drain["jobs_per_s"] / (floor_rate / 2),
         "ratio_real": drain["jobs_per_s"] / real_rate}
+    out["cpu_budget"] = _cpu_budgets(real_before, real_after, dispatched.get("drain"), jobs)
     if "jobs_per_s" in postgres:
         out["versus_postgres"] = drain["jobs_per_s"] / postgres["jobs_per_s"]
     out["met"] = {
@@ -183,6 +185,21 @@ def run(cluster: Any, kubeconfig: str, namespace: str, jobs: int, workers: int,
         "latency_p99": latency["claimed"]["p99"] <= TARGETS["latency_p99"],
         "displaced_one": order["one"]["displaced"] == 0,
         **_dispatched_met(dispatched)}
+    return out
+
+
+def _cpu_budgets(real_before: dict[str, Any], real_after: dict[str, Any],
+                 dispatched: dict[str, Any] | None, jobs: int) -> dict[str, dict[str, float]]:
+    """The floor's and the dispatched drain's CPU per job by process (``cpu_budget``)."""
+    floor_jobs = real_before["jobs"] + real_after["jobs"]
+    clients = (real_before["cpu_s_per_job"] * real_before["jobs"]
+               + real_after["cpu_s_per_job"] * real_after["jobs"]) / floor_jobs
+    out = {"floor": cpu_budget([real_before["cpu_window"], real_after["cpu_window"]],
+                               floor_jobs, clients)}
+    if dispatched is not None and "cpu_window" in dispatched:
+        out["dispatched"] = cpu_budget(
+            [dispatched["cpu_window"]], jobs, dispatched["worker_cpu_s_per_job"],
+            dispatched["dispatch"]["dispatcher_cpu_s_per_job"])
     return out
 
 
@@ -476,8 +493,10 @@ def _floor_real(cluster: Any, kubeconfig: str, namespace: str, names: list[str],
         with Processes(argvs, logs, "floor-real", lines=True) as gang:
             gang.ready(120 + 5 * len(argvs))
             events, requests = _watch_events(cluster), apiserver_requests(cluster)
+            window = CpuWindow(cluster)
             gang.go()
             results = gang.results(120 + len(names) * 0.1)
+            host = window.close()
         time.sleep(0.5)  # the last events reach the watcher
         events = _watch_events(cluster) - events
         conflicts = _status_writes(apiserver_requests(cluster), requests, "409")
@@ -494,6 +513,7 @@ def _floor_real(cluster: Any, kubeconfig: str, namespace: str, names: list[str],
             "jobs_per_s": jobs / figures["seconds"],
             "writes_per_s": figures["count"] / figures["seconds"],
             "events_per_job": events / jobs, "watcher_events": seen, "conflicts": conflicts,
+            "cpu_window": host,
             # the client's own CPU for a job's two writes (no choosing, no command)
             "cpu_s_per_job": sum(float(r.get("cpu_s", math.nan)) for r in results) / jobs,
             # the watcher's CPU per event it read and decoded (JSON, no view)
@@ -537,11 +557,11 @@ class DispatchRun:
     ServiceAccounts (no admission here: the holders are only names). Its CPU is that of
     its own threads (its feed, its loop, its claim writers: the threads named
     ``joblease-dispatch…``), read from ``/proc`` before it is stopped: this process's CPU
-    also counts the drain's progress ticks, a scrape of kube-apiserver's ``/metrics`` each
-    second (25-40 ms of CPU each here: 1.5 ms per job of a 1000-job drain, which was counted
-    as the dispatcher's until issue 30's measurement found it). ``kill_halfway``: killed
-    (its record left to lapse) once half the jobs are done; the figures then say when the
-    workers fell back.
+    also counts the drain's progress ticks. Those scraped kube-apiserver's ``/metrics``
+    each second until 2026-12-07 (45 ms of this process's CPU and 75 ms of kube-apiserver's
+    each: 7 % of the 2-CPU host, slowing the dispatched drains alone); now every 30 s, as in
+    the drain by turns. ``kill_halfway``: killed (its record left to lapse) once half the
+    jobs have left its view (finished); the figures then say when the workers fell back.
     """
 
     def __init__(self, kubeconfig: str, namespace: str, *, kill_halfway: bool,
@@ -553,6 +573,7 @@ class DispatchRun:
         self.killed_at: float | None = None  # wall time
         self._cpu = 0.0
         self.threads_cpu: dict[str, float] = {}  # its threads' CPU seconds (by thread name)
+        self._listed = False  # its view held every job once (kill_halfway counts from then)
         self.stopped = False
 
     def holder(self, worker: int) -> str:
@@ -577,9 +598,22 @@ class DispatchRun:
         self.dispatcher.start()
         self._cpu = time.process_time()
 
-    def tick(self, done: float, jobs: int) -> None:
-        if self.kill_halfway and self.killed_at is None and done >= jobs / 2:
-            assert self.dispatcher is not None
+    def tick(self, jobs: int) -> None:
+        """Kill the dispatcher (``kill_halfway``) once half the jobs left its view (finished).
+
+        From the view, not from kube-apiserver's request counts: a scrape of ``/metrics``
+        each second cost the host 7 % of its CPU during the drain.
+        """
+        if not self.kill_halfway or self.killed_at is not None or self.dispatcher is None:
+            return
+        # the jobs exist before the dispatcher starts: its first list holds them all, and a
+        # finished job then leaves its view (an empty view before the list is no progress)
+        unfinished = self.dispatcher.view.unfinished()  # one read of a length: no lock
+        self._listed = self._listed or unfinished >= jobs
+        if not self._listed:
+            return
+        done = jobs - unfinished
+        if done >= jobs / 2:
             self.threads_cpu = dispatcher_threads_cpu()
             self.dispatcher.kill()
             self.killed_at = time.time()
@@ -725,18 +759,22 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
     selector = _selector(label)
     before = apiserver_requests(cluster)
     events, lease_events = _watch_event_totals(cluster)
+    window = CpuWindow(cluster)
     started = time.monotonic()
 
     printed = [started]
 
     def tick() -> None:
-        done = _status_writes(apiserver_requests(cluster), before, "200") / 2
+        # kube-apiserver's /metrics only every PROGRESS_EVERY: one scrape costs it about
+        # 75 ms of CPU and this process 45 (docs/benchmarks.md), 7 % of the 2-CPU host when
+        # the dispatched drains scraped every second
         if time.monotonic() - printed[0] >= PROGRESS_EVERY:
+            done = _status_writes(apiserver_requests(cluster), before, "200") / 2
             printed[0] = time.monotonic()
             progress(f"pool: drain, {time.monotonic() - started:.0f} s: ~{done:.0f} of {jobs} "
                      "jobs done (status writes ÷ 2)")
         if dispatch is not None:
-            dispatch.tick(done, jobs)  # 2 writes per dispatched job: the worker's claim, completion
+            dispatch.tick(jobs)  # counts from its dispatcher's view: no request
 
     holders = [f"pool-w{i:02d}" if dispatch is None else dispatch.holder(i)
                for i in range(workers)]
@@ -746,12 +784,14 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
              for holder in holders]
     cpu, began = _children_cpu(), time.time()
     with Processes(argvs, logs, "drain") as pool:
-        # a dispatcher to kill halfway is looked at every second: a drain lasts about 30 s
+        # a dispatcher to kill halfway is looked at every 0.2 s (its view: no request), so
+        # that a short drain (--quick) is killed halfway too
         codes = pool.wait(120 + jobs * 0.2, tick,
-                          every=1.0 if dispatch is not None else PROGRESS_EVERY)
+                          every=0.2 if dispatch is not None else PROGRESS_EVERY)
         failure = pool.failure_log()
     wall = time.monotonic() - started
     cpu = _children_cpu() - cpu  # the workers, their commands and sentinels, start-up included
+    host = window.close()  # before the scrapes below: they are no part of the drain
     after = apiserver_requests(cluster)
     events_after, lease_events_after = _watch_event_totals(cluster)
     events, lease_events = events_after - events, lease_events_after - lease_events
@@ -767,7 +807,7 @@ def _drain(cluster: Any, api: KubeApi, kubeconfig: str, namespace: str, jobs: in
         "before_first_claim_s": figures.get("first_claim", math.nan) - began,
         "after_last_completion_s": began + wall - figures.get("last_completion", math.nan),
         "jobs": jobs, "workers": workers, "exit_codes": codes, "wall_seconds": wall,
-        "worker_cpu_s_per_job": cpu / jobs,
+        "worker_cpu_s_per_job": cpu / jobs, "cpu_window": host,
         "wasted_writes": wasted, "wasted_per_job": wasted / jobs,
         "events_per_job": events / jobs, "lease_events_per_job": lease_events / jobs,
         "status_writes_per_job": _status_writes(after, before, None) / jobs,
@@ -794,14 +834,19 @@ def _status_writes(after: dict[tuple[str, str, str, str], float],
 def _requests_per_job(after: dict[tuple[str, str, str, str], float],
                       before: dict[tuple[str, str, str, str], float],
                       jobs: int) -> dict[str, float]:
-    """Requests to ``jobleases`` by verb (and subresource) per job, kube-apiserver's count."""
+    """Requests by verb and resource (and subresource) per job, kube-apiserver's count.
+
+    JobLeases are keyed by verb alone (``PATCH status``), the rest by resource too
+    (``PUT leases``, ``GET`` of ``/version`` has no resource: ``GET -``): every request costs
+    kube-apiserver CPU, the drain's and its workers' start-ups alike.
+    """
     out: dict[str, float] = {}
     for key, value in after.items():
         verb, resource, subresource, _ = key
-        if resource == "jobleases":
-            label = f"{verb} {subresource}".strip()
-            out[label] = out.get(label, 0.0) + value - before.get(key, 0.0)
-    return {k: v / jobs for k, v in sorted(out.items()) if v}
+        label = (f"{verb} {subresource}".strip() if resource == "jobleases"
+                 else f"{verb} {resource or '-'} {subresource}".strip())
+        out[label] = out.get(label, 0.0) + value - before.get(key, 0.0)
+    return {k: round(v / jobs, 4) for k, v in sorted(out.items()) if v >= 1}
 
 
 def drain_figures(items: list[Observed], workers: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 def places_late(ideal: Sequence[str], starts: Sequence[tuple[float, str]]) -> list[int]:
@@ -102,3 +103,32 @@ def urgent_wait(created: float, acquired: float, urgent_priority: int,
     return {"wait_s": acquired - start, "busy": busy, "slot_free": slot_free,
             "freed_after_s": freed - created, "lower_claimed_between": lower,
             "decided_unseen": excused}
+
+
+CONTROL_PLANE = ("kube-apiserver", "etcd")
+
+
+def cpu_budget(windows: Sequence[dict[str, Any]], jobs: int, clients_s: float,
+               dispatcher_s: float = 0.0) -> dict[str, float]:
+    """Where the host's CPU went per job in one phase, in ms (``bench.common.CpuWindow``s).
+
+    ``clients_s`` and ``dispatcher_s`` are CPU seconds per job measured by the phase itself
+    (the workers or floor processes; the dispatcher's threads). ``rest`` is the host's busy
+    CPU not named: the bench's own process, other users of the machine. ``capacity`` is
+    what the host's CPUs could give per job in the phase's time; ``busy_fraction`` the
+    share of it used.
+    """
+    ms = 1000 / jobs
+    busy = sum(float(w["host_busy_cpu_s"]) for w in windows)
+    host = sum(float(w["host_cpu_s"]) for w in windows)
+    by_process: dict[str, float] = {}
+    for window in windows:
+        for name, seconds in window["processes_cpu_s"].items():
+            by_process[name] = by_process.get(name, 0.0) + float(seconds) * ms
+    out = {name: by_process.get(name, 0.0) for name in CONTROL_PLANE}
+    out["other control plane"] = sum(v for n, v in by_process.items() if n not in CONTROL_PLANE)
+    out.update({"clients": clients_s * 1000, "dispatcher": dispatcher_s * 1000})
+    out["rest"] = busy * ms - sum(out.values())
+    out.update({"busy": busy * ms, "capacity": host * ms,
+                "busy_fraction": busy / host if host else math.nan})
+    return out

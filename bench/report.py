@@ -375,6 +375,9 @@ def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
     drain, real = d.get("drain"), pool.get("floor_real_jobs_per_s")
     if drain is not None and real:
         rows.append(_dispatched_drain_row(drain, real, pool["workers"], t))
+    budget = pool.get("cpu_budget") or {}
+    if "dispatched" in budget:
+        rows.append(_cpu_budget_row(budget))
     order, urgent, trickle = d.get("order"), d.get("urgent"), d.get("trickle")
     if order is not None:
         label = (f"pool, dispatched: order, {pool['workers']} workers, "
@@ -407,6 +410,23 @@ def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
     if trickle is not None:
         rows += _dispatched_trickle_rows(trickle, pool.get("latency", {}), t, met)
     return rows
+
+
+def _cpu_budget_row(budget: dict[str, dict[str, float]]) -> Row:
+    """Everyone's CPU per job in the dispatched drain beside the floor with bodies: what
+    bounds the drain's ratio on a host whose CPUs the floor already fills."""
+    def parts(b: dict[str, float]) -> str:
+        return (f"{b['kube-apiserver']:.1f} / {b['etcd']:.1f} / "
+                f"{b['other control plane']:.1f} / {b['clients']:.1f} / "
+                f"{b['dispatcher']:.1f} / {b['rest']:.1f} = {b['busy']:.1f} of "
+                f"{b['capacity']:.1f} ({100 * b['busy_fraction']:.0f} % busy)")
+
+    return ("pool, dispatched: the host's CPU per job, ms: kube-apiserver / etcd / the rest "
+            "of the control plane / workers (start-ups, commands, supervisors) / dispatcher / "
+            "the rest of the host = busy, of what the CPUs could give",
+            parts(budget["dispatched"]),
+            f"floor with the pool's bodies (clients: its 20 processes): "
+            f"{parts(budget['floor'])}", "", "info", "n/a")
 
 
 def _order_row(label: str, order: dict[str, Any], turns: dict[str, Any] | None,

@@ -10,7 +10,14 @@
   Lease (what a dispatcher writing a worker's inbox would send);
 * ``get``: a JobLease read by name (quorum);
 * ``list by name``: a list of one JobLease by ``metadata.name`` and a label selector
-  (what a worker reading a proposed job of its pool would send).
+  (what a worker reading a proposed job of its pool would send);
+* ``version``: ``GET /version`` (what a worker's clock calibration sends, tens at start-up);
+* ``presence list``: a list of a pool's coordination Leases by label (each worker's
+  presence round, every 5 s);
+* ``metrics scrape``: kube-apiserver's ``/metrics`` read and parsed as the bench's drains
+  read it (``count // 20`` of them), the bench's own cost.
+
+Each kind's ``client_cpu_ms`` is this process's CPU per request (all threads).
 
 Why: the dispatcher's protocol trades one JobLease status write per job (the adoption)
 for other requests; which trade pays is a measured question on this host.
@@ -43,14 +50,16 @@ def _server_cpu(cluster: LocalCluster) -> float:
 
 def _phase(cluster: LocalCluster, what: str, count: int, threads: int,
            one: Callable[[int], Any]) -> dict[str, float]:
-    cpu, began = _server_cpu(cluster), time.perf_counter()
+    cpu, client, began = _server_cpu(cluster), time.process_time(), time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, range(count)))
     wall = time.perf_counter() - began
     per = (_server_cpu(cluster) - cpu) / count
-    common.progress(f"writecost: {what}: {per * 1000:.2f} ms server CPU each, "
-                    f"{count / wall:.0f}/s")
-    return {"server_cpu_ms": round(per * 1000, 3), "per_s": round(count / wall, 1)}
+    mine = (time.process_time() - client) / count
+    common.progress(f"writecost: {what}: {per * 1000:.2f} ms server CPU each "
+                    f"(client {mine * 1000:.2f}), {count / wall:.0f}/s")
+    return {"server_cpu_ms": round(per * 1000, 3), "client_cpu_ms": round(mine * 1000, 3),
+            "per_s": round(count / wall, 1)}
 
 
 def measure(cluster: LocalCluster, count: int, threads: int) -> dict[str, Any]:
@@ -84,6 +93,13 @@ def measure(cluster: LocalCluster, count: int, threads: int) -> dict[str, Any]:
         "list by name": _phase(cluster, "list by name", count, threads, lambda i: api.request(
             "GET", lease_path(NAMESPACE),
             query={"labelSelector": "p=x", "fieldSelector": f"metadata.name={names[i]}"})),
+        "version": _phase(cluster, "version", count, threads,
+                          lambda i: api.request("GET", "/version")),
+        "presence list": _phase(cluster, "presence list", count, threads,
+                                lambda i: api.request("GET", LEASES,
+                                                      query={"labelSelector": "p=x"})),
+        "metrics scrape": _phase(cluster, "metrics scrape", max(1, count // 20), 1,
+                                 lambda i: common.apiserver_requests(cluster)),
     }
     return figures
 

@@ -128,6 +128,17 @@ def _dispatched_sections_ran(pool: dict[str, Any], table: str) -> None:
     assert urgent["dispatch"]["claimed_by_dispatcher"] >= urgent["rounds"], urgent["dispatch"]
     assert trickle["claimed"]["n"] == trickle["jobs"] and trickle["events_per_job"] > 0
     assert trickle["exit_codes_after_sigterm"] == [0] * workers
+    # the drain whose dispatcher is killed halfway (counted from its own view): the workers
+    # fell back to turns and claimed the rest themselves
+    killed = dispatched["killed_halfway"]["dispatch"]
+    assert killed["claimed_by_workers"] > 0 and killed["fallback_s"] >= 0, killed
+    # the host's CPU per job, floor and dispatched drain, read from /proc
+    for phase in ("floor", "dispatched"):
+        budget = pool["cpu_budget"][phase]
+        assert budget["kube-apiserver"] > 0 and budget["etcd"] > 0, budget
+        assert 0 < budget["busy_fraction"] <= 1 and budget["busy"] <= budget["capacity"], budget
+    assert pool["dispatched"]["drain"]["requests_per_job"]["PATCH leases"] > 0  # the inboxes
     for row in ("| pool, dispatched: drain", "| pool, dispatched: order",
-                "| pool, dispatched: an urgent job", "| pool, dispatched: trickle"):
+                "| pool, dispatched: an urgent job", "| pool, dispatched: trickle",
+                "| pool, dispatched: the host's CPU per job"):
         assert row in table, row

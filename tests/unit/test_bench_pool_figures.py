@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 import sys
-from types import ModuleType
+import time
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -189,3 +191,58 @@ def test_a_dispatched_section_that_failed_is_a_row_saying_so() -> None:
 
 def test_results_without_dispatched_sections_give_no_rows() -> None:
     assert report._dispatched_rows(_pool()) == []
+
+
+# -- the host's CPU per job ------------------------------------------------------------
+
+
+def _window(busy: float, host: float, **processes: float) -> dict[str, Any]:
+    return {"seconds": host / 2, "host_busy_cpu_s": busy, "host_cpu_s": host,
+            "busy_fraction": busy / host,
+            "processes_cpu_s": {k.replace("_", "-"): v for k, v in processes.items()}}
+
+
+def test_the_cpu_budget_names_each_process_per_job_and_leaves_the_rest_to_the_host() -> None:
+    window = _window(18.0, 20.0, kube_apiserver=9.0, etcd=2.0, kube_controller_manager=0.5)
+    budget = figures.cpu_budget([window], 1000, clients_s=0.004, dispatcher_s=0.0015)
+    assert budget["kube-apiserver"] == pytest.approx(9.0)
+    assert budget["etcd"] == pytest.approx(2.0)
+    assert budget["other control plane"] == pytest.approx(0.5)
+    assert budget["clients"] == pytest.approx(4.0) and budget["dispatcher"] == pytest.approx(1.5)
+    assert budget["rest"] == pytest.approx(18.0 - 9.0 - 2.0 - 0.5 - 4.0 - 1.5)
+    assert budget["busy"] == pytest.approx(18.0) and budget["capacity"] == pytest.approx(20.0)
+    assert budget["busy_fraction"] == pytest.approx(0.9)
+
+
+def test_the_cpu_budget_adds_the_windows_of_a_phase_measured_twice() -> None:
+    """The floor runs before and after the drains: its two windows are one phase."""
+    one = _window(10.0, 12.0, kube_apiserver=5.0, etcd=1.0)
+    two = _window(6.0, 8.0, kube_apiserver=3.0, etcd=1.0)
+    budget = figures.cpu_budget([one, two], 2000, clients_s=0.002)
+    assert budget["kube-apiserver"] == pytest.approx(4.0)
+    assert budget["busy"] == pytest.approx(8.0) and budget["busy_fraction"] == pytest.approx(0.8)
+
+
+def test_the_cpu_budget_row_puts_the_drain_beside_the_floor() -> None:
+    floor = figures.cpu_budget([_window(20.0, 20.0, kube_apiserver=12.0, etcd=3.0)], 1000,
+                               clients_s=0.0045)
+    drain = figures.cpu_budget([_window(33.0, 34.0, kube_apiserver=15.0, etcd=3.5)], 1000,
+                               clients_s=0.0137, dispatcher_s=0.0024)
+    row = report._cpu_budget_row({"floor": floor, "dispatched": drain})
+    assert row[1] == "15.0 / 3.5 / 0.0 / 13.7 / 2.4 / -1.6 = 33.0 of 34.0 (97 % busy)"
+    assert row[2].endswith("12.0 / 3.0 / 0.0 / 4.5 / 0.0 / 0.5 = 20.0 of 20.0 (100 % busy)")
+
+
+def test_a_cpu_window_sees_the_host_busy_while_this_process_spins() -> None:
+    common = _load("common")
+
+    cluster = SimpleNamespace(processes=[SimpleNamespace(name="me", pid=os.getpid())])
+    window = common.CpuWindow(cluster)
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    figures_ = window.close()
+    assert figures_["processes_cpu_s"]["me"] >= 0.2  # this process, read from /proc
+    assert figures_["host_busy_cpu_s"] >= 0.2  # and the host counted it busy
+    assert 0.0 < figures_["busy_fraction"] <= 1.0
+    assert figures_["host_cpu_s"] >= figures_["host_busy_cpu_s"]
