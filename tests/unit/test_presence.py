@@ -17,7 +17,9 @@ from typing import Any
 import pytest
 
 from joblease.core.presence import (
+    DISPATCHER_ROLE,
     POOL_LABEL,
+    ROLE_LABEL,
     WARM_UP,
     Presence,
     live_records,
@@ -233,3 +235,94 @@ def test_every_renewal_list_and_failure_is_counted(monkeypatch: pytest.MonkeyPat
     assert presence.namespace == "ns"
     assert (presence.counts.failures, presence.counts.renewals, presence.counts.lists) == (
         2, 3, 3)
+
+
+# -- the warm-up and the list's cost (issue 30) -----------------------------------------
+
+
+def _sleeps_and_calls(presence: Presence, api: FakeKubeApi, n: int
+                      ) -> tuple[list[float], list[Any]]:
+    """``n`` rounds: the pauses taken and the requests sent."""
+    slept: list[float] = []
+    calls: list[Any] = []
+
+    class Port(SyncPort):
+        def perform(self, step: Any) -> Any:
+            if type(step).__name__ == "Sleep":
+                slept.append(step.seconds)
+                if len(slept) >= n:
+                    raise Stopped()
+                return None
+            calls.append(step)
+            return super().perform(step)
+
+    with pytest.raises(Stopped):
+        drive(presence.steps(Collect()), Port(LeaseStore(api)))  # type: ignore[arg-type]
+    return slept, calls
+
+
+def _dispatcher_record(api: FakeKubeApi, selector: str, renewed: datetime) -> None:
+    api.presence[("ns", "joblease-dispatcher-x")] = {
+        "metadata": {"name": "joblease-dispatcher-x", "namespace": "ns",
+                     "labels": {POOL_LABEL: pool_key(selector), ROLE_LABEL: DISPATCHER_ROLE}},
+        "spec": {"holderIdentity": "operator", "renewTime": micro_time(renewed),
+                 "leaseDurationSeconds": 10}}
+
+
+def test_a_worker_reading_its_inbox_with_a_live_dispatcher_skips_the_warm_up() -> None:
+    """It takes no turn while the dispatcher lives: the warm-up's rounds would be waste."""
+    api = FakeKubeApi(now=ServerNow.exact(T_NOW))
+    _dispatcher_record(api, "p=1", T_NOW)
+    presence = Presence("ns", "p=1", "w1", slots=1)
+    slept, _ = _sleeps_and_calls(presence, api, 3)
+    assert all(0.8 * presence.every <= s <= 1.2 * presence.every for s in slept), slept
+
+
+@pytest.mark.parametrize("case", ["lapsed dispatcher", "no inbox", "no dispatcher"])
+def test_the_warm_up_stays_for_a_worker_that_may_take_turns(case: str) -> None:
+    api = FakeKubeApi(now=ServerNow.exact(T_NOW))
+    if case != "no dispatcher":
+        _dispatcher_record(api, "p=1",
+                           T_NOW - timedelta(seconds=60) if case == "lapsed dispatcher"
+                           else T_NOW)
+    presence = Presence("ns", "p=1", "w1", slots=None if case == "no inbox" else 1)
+    slept, _ = _sleeps_and_calls(presence, api, 3)
+    assert all(0.8 * e <= s <= 1.2 * e for s, e in zip(slept, WARM_UP, strict=True)), slept
+
+
+def test_the_presence_list_is_read_from_the_watch_cache() -> None:
+    """``resourceVersion=0``: no quorum read of etcd for a figure judged in seconds."""
+    api = FakeKubeApi(now=ServerNow.exact(T_NOW))
+    _, calls = _sleeps_and_calls(Presence("ns", "p=1", "w1"), api, 2)
+    lists = [c.call for c in calls if type(c).__name__ == "Call" and c.call.method == "GET"]
+    assert len(lists) == 2
+    assert all(c.query == {"labelSelector": f"{POOL_LABEL}={pool_key('p=1')},"
+                                            f"{ROLE_LABEL}!=inbox", "resourceVersion": "0"}
+               for c in lists), lists
+
+
+def test_a_pending_announcement_keeps_the_warm_up_until_it_is_sent() -> None:
+    """``--until-empty`` asked for after the first renewal: announced 0.5 s later, not 5."""
+    api = FakeKubeApi(now=ServerNow.exact(T_NOW))
+    _dispatcher_record(api, "p=1", T_NOW)
+    presence = Presence("ns", "p=1", "w1", slots=1)
+    slept: list[float] = []
+
+    class Port(SyncPort):
+        def perform(self, step: Any) -> Any:
+            if type(step).__name__ == "Sleep":
+                slept.append(step.seconds)
+                if len(slept) >= 3:
+                    raise Stopped()
+                return None
+            answer = super().perform(step)
+            if presence.counts.renewals == 1 and not presence.waits_for_empty:
+                presence.wait_for_empty()  # after the first renewal went out
+            return answer
+
+    with pytest.raises(Stopped):
+        drive(presence.steps(Collect()), Port(LeaseStore(api)))  # type: ignore[arg-type]
+    assert 0.8 * WARM_UP[0] <= slept[0] <= 1.2 * WARM_UP[0]  # the announcement comes soon
+    assert all(0.8 * presence.every <= s <= 1.2 * presence.every for s in slept[1:]), slept
+    record = api.presence[("ns", record_name(pool_key("p=1"), "w1"))]
+    assert record["metadata"]["annotations"]["joblease.dev/until-empty"] == "1"

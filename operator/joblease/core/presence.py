@@ -19,7 +19,16 @@ a task):
 3. sleep :data:`RENEW_SECONDS` (with jitter, so that workers started together spread) —
    the first rounds after 0.5, 1 and 2 s (:data:`WARM_UP`): workers started together list
    before the others announced, and a worker that believes itself alone takes the first
-   candidate, as its peers do.
+   candidate, as its peers do. A worker that reads its inbox, has just listed a live
+   dispatcher and has nothing left to announce (``--until-empty`` asked for after its
+   first renewal is announced at the next) skips the warm-up: it takes no turn while the
+   dispatcher lives, and each round costs kube-apiserver a write and a list (20 workers
+   started together: 60 of each; ``python -m bench.writecost`` prices them).
+
+The list asks for ``resourceVersion=0``: any version kube-apiserver's watch cache holds,
+served without a quorum read of etcd (a third less CPU for kube-apiserver, none for etcd).
+A record may then be a few milliseconds old; presence is judged in seconds (records lapse
+after :data:`PRESENCE_SECONDS`), and no claim depends on it.
 
 A refusal (403: no RBAC on coordination Leases; 404 on the list: no such API) turns
 presence off for this pool with one warning: the view then knows only the holders it
@@ -148,10 +157,14 @@ class Presence:
         rounds = 0
         while self.enabled:
             try:
-                yield from self._renew_steps()  # 1
+                now = yield from self._renew_steps()  # 1
                 items = yield from self._list_steps()  # 2
                 sink.workers(live_records(items))
-                sink.dispatcher(dispatcher_until(items), dispatcher_unfinished(items))
+                until = dispatcher_until(items)
+                sink.dispatcher(until, dispatcher_unfinished(items))
+                if (self.reads_inbox and not self._announce_again and until is not None
+                        and until > now.latest):
+                    rounds = max(rounds, len(WARM_UP))  # 3: no warm-up (see the module doc)
             except (ForbiddenError, NotFoundError) as err:
                 self._refused(err)
                 return
@@ -191,7 +204,7 @@ class Presence:
         except ApiError as err:
             log.debug("presence of %r: leaving: %s", self.holder, err)
 
-    def _renew_steps(self) -> Steps[None]:
+    def _renew_steps(self) -> Steps[ServerNow]:
         now: ServerNow = yield ServerTime()
         spec = {"holderIdentity": self.holder, "leaseDurationSeconds": self.seconds,
                 "renewTime": micro_time(now.midpoint)}
@@ -215,10 +228,12 @@ class Presence:
                     "spec": {**spec, "acquireTime": spec["renewTime"]}}
             yield Call(LeaseCall("POST", self._path, _raw, body=body))
         self.counts.renewals += 1
+        return now
 
     def _list_steps(self) -> Steps[list[dict[str, Any]]]:
         body: dict[str, Any] = yield Call(LeaseCall(
-            "GET", self._path, _raw, query={"labelSelector": records_selector(self.pool)}))
+            "GET", self._path, _raw, query={"labelSelector": records_selector(self.pool),
+                                            "resourceVersion": "0"}))
         self.counts.lists += 1
         return list(body.get("items") or [])
 
