@@ -13,6 +13,8 @@ claim that did not land logs.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from datetime import timedelta
@@ -241,3 +243,61 @@ def test_the_queue_folds_the_feeds_events_and_says_when_the_feed_fails(
     dispatcher.trouble(down)
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, f"dispatcher of 'team=batch': list/watch failed ({down}); retrying")]
+
+
+def test_a_change_that_lands_while_a_round_runs_starts_the_next_round_at_once() -> None:
+    """A lost wake-up (docs/safety.md #68): a watch event applied after a round's planning
+    and before the loop waits notified nobody, so the job it freed waited for the next
+    change or the loop's 0.2 s timeout. Remembered now: the next round comes at once."""
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = dispatcher_over(api, {W1: 1})
+    changed = Observed.from_object(api.stored("ns", "a"))  # type: ignore[arg-type]
+    rounds: list[float] = []
+    real = dispatcher._dispatch
+
+    def round_then_an_event() -> None:
+        rounds.append(time.monotonic())
+        real()
+        if len(rounds) == 1:  # the feed's event, between the round and the wait
+            dispatcher.apply("MODIFIED", changed)
+
+    dispatcher._dispatch = round_then_an_event  # type: ignore[method-assign]
+    dispatcher.leader = True
+    loop = threading.Thread(target=dispatcher._run, daemon=True)
+    loop.start()
+    try:
+        deadline = time.monotonic() + 2.0
+        while len(rounds) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+    finally:
+        dispatcher._stop.set()
+        with dispatcher._lock:
+            dispatcher._lock.notify_all()
+        loop.join(timeout=2)
+    assert len(rounds) >= 2
+    assert rounds[1] - rounds[0] < 0.1, f"the next round came {rounds[1] - rounds[0]:.3f}s later"
+
+
+def test_rounds_wait_when_nothing_changed() -> None:
+    """The remembered change is cleared once a round begins: an idle dispatcher does not spin."""
+    api = FakeKubeApi()
+    job(api, "a")
+    dispatcher = dispatcher_over(api, {W1: 1})
+    rounds: list[float] = []
+    real = dispatcher._dispatch
+
+    def counted() -> None:
+        rounds.append(time.monotonic())
+        real()
+
+    dispatcher._dispatch = counted  # type: ignore[method-assign]
+    dispatcher.leader = True
+    loop = threading.Thread(target=dispatcher._run, daemon=True)
+    loop.start()
+    time.sleep(0.5)
+    dispatcher._stop.set()
+    with dispatcher._lock:
+        dispatcher._lock.notify_all()
+    loop.join(timeout=2)
+    assert 1 <= len(rounds) <= 5, f"{len(rounds)} rounds in 0.5 s with nothing changing"

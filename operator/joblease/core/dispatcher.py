@@ -242,6 +242,7 @@ class Dispatcher:
         self.counts = DispatchCounts()
         self.leader = False
         self._lock = threading.Condition()
+        self._changed = False  # something changed since the last round began (``_wake``)
         self._synced = False
         self._flying: dict[str, str] = {}  # job → worker, claims being written
         self._retry_at: dict[str, float] = {}  # job → when to try again (no answer, 403)
@@ -299,7 +300,7 @@ class Dispatcher:
         self._stop.set()
         self.feed.stop()
         with self._lock:
-            self._lock.notify_all()
+            self._wake()
         for thread in self._threads:
             thread.join(timeout=5)
         self._executor.shutdown(wait=True)
@@ -316,13 +317,13 @@ class Dispatcher:
         with self._lock:
             self.view.replace(items, resource_version)
             self._synced = True
-            self._lock.notify_all()
+            self._wake()
 
     def apply(self, event_type: str, obs: Observed) -> None:
         """A watch event."""
         with self._lock:
             self.view.apply(event_type, obs)
-            self._lock.notify_all()
+            self._wake()
 
     def bookmark(self, resource_version: str) -> None:
         """The watch's resume point moved."""
@@ -361,7 +362,19 @@ class Dispatcher:
             if self.leader:
                 self._dispatch()
             with self._lock:
-                self._lock.wait(timeout=0.2)
+                if not self._changed:  # a change during the round: the next one at once
+                    self._lock.wait(timeout=0.2)
+                self._changed = False
+
+    def _wake(self) -> None:
+        """Tell the rounds that something changed (with the lock held).
+
+        Remembered, not only notified: a change that lands while no round waits (one is
+        running, or about to wait) would otherwise wake nobody, and the job it freed would
+        wait for the next change or 0.2 s (docs/safety.md #68).
+        """
+        self._changed = True
+        self._lock.notify_all()
 
     def _run_record(self) -> None:
         """Hold the record and list the workers on their periods, until stopped.
@@ -385,7 +398,7 @@ class Dispatcher:
                     if listed and self.leader and not self._inherited:
                         self._inherit_inboxes(port)  # once the live workers are known
                 with self._lock:
-                    self._lock.notify_all()
+                    self._wake()
                 next_at = min(renewed_at + RENEW_SECONDS, listed_at + LIST_SECONDS)
                 # at most 0.2 s at a time: the transport's clock may run apart from this
                 # thread's timeouts (a test's clock)
@@ -424,7 +437,7 @@ class Dispatcher:
             self._inboxes |= found
             self._dirty |= found
             self._inherited = True
-            self._lock.notify_all()
+            self._wake()
 
     def _list_workers(self, port: SyncPort) -> bool:
         """List the live workers and their slots; ``False``: the list failed (said)."""
@@ -622,7 +635,7 @@ class Dispatcher:
                 self._inboxes.discard(worker)
             else:
                 self._inboxes.add(worker)
-            self._lock.notify_all()
+            self._wake()
 
     def _skipped(self) -> set[str]:
         return set(self._flying) | set(self._retry_at) | self.view.set_aside_names()
@@ -655,7 +668,7 @@ class Dispatcher:
                 previous = job.status.holder
                 if previous is not None and previous in self._live:  # live, yet never adopted
                     self.passed_over[previous] = self.api.monotonic() + PASS_OVER_SECONDS
-            self._lock.notify_all()
+            self._wake()
 
     def _failed(self, job: Observed, worker: str, err: Exception, *, set_aside: bool) -> None:
         """A claim that did not land: set the job aside until a newer version, or rest it.
@@ -673,7 +686,7 @@ class Dispatcher:
             else:
                 self._retry_at[job.name] = self.api.monotonic() + RETRY_SECONDS
                 self.counts.failed += 1
-            self._lock.notify_all()
+            self._wake()
         log.log(logging.DEBUG if set_aside else logging.WARNING,
                 "dispatcher of %r: %s for %s not claimed: %s", self.selector, job.name, worker,
                 err)
