@@ -234,10 +234,10 @@ def test_the_cpu_budget_row_puts_the_drain_beside_the_floor() -> None:
 
 
 def test_a_cpu_window_sees_the_host_busy_while_this_process_spins() -> None:
-    common = _load("common")
+    procstat = _load("procstat")
 
     cluster = SimpleNamespace(processes=[SimpleNamespace(name="me", pid=os.getpid())])
-    window = common.CpuWindow(cluster)
+    window = procstat.CpuWindow(cluster)
     end = time.process_time() + 0.3
     while time.process_time() < end:
         pass
