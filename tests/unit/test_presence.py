@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -47,9 +48,14 @@ class Collect:
         self.dispatchers.append(until)
 
 
-def rounds(presence: Presence, api: FakeKubeApi, n: int) -> Collect:
-    """Run ``n`` rounds of ``presence`` (renew, list), stopping at the n-th sleep."""
-    sink, slept = Collect(), []
+def drive_rounds(presence: Presence, api: FakeKubeApi, n: int, sink: Collect | None = None,
+                 after: Callable[[], None] = lambda: None) -> tuple[list[float], list[Any]]:
+    """Run ``presence`` (renew, list) until its n-th sleep: the pauses and requests it made.
+
+    ``after`` runs after each request (what another thread of the worker might do then).
+    """
+    slept: list[float] = []
+    calls: list[Any] = []
 
     class Port(SyncPort):
         def perform(self, step: Any) -> Any:
@@ -58,10 +64,21 @@ def rounds(presence: Presence, api: FakeKubeApi, n: int) -> Collect:
                 if len(slept) >= n:
                     raise Stopped()
                 return None
-            return super().perform(step)
+            calls.append(step)
+            answer = super().perform(step)
+            after()
+            return answer
 
     with pytest.raises(Stopped):
-        drive(presence.steps(sink), Port(LeaseStore(api)))  # type: ignore[arg-type]
+        drive(presence.steps(sink or Collect()),
+              Port(LeaseStore(api)))  # type: ignore[arg-type]
+    return slept, calls
+
+
+def rounds(presence: Presence, api: FakeKubeApi, n: int) -> Collect:
+    """Run ``n`` rounds of ``presence`` (renew, list), stopping at the n-th sleep."""
+    sink = Collect()
+    slept, _ = drive_rounds(presence, api, n, sink)
     expected = [*WARM_UP, *[presence.every] * n][:len(slept)]
     assert all(0.8 * e <= s <= 1.2 * e for s, e in zip(slept, expected, strict=True))
     return sink
@@ -240,27 +257,6 @@ def test_every_renewal_list_and_failure_is_counted(monkeypatch: pytest.MonkeyPat
 # -- the warm-up and the list's cost (issue 30) -----------------------------------------
 
 
-def _sleeps_and_calls(presence: Presence, api: FakeKubeApi, n: int
-                      ) -> tuple[list[float], list[Any]]:
-    """``n`` rounds: the pauses taken and the requests sent."""
-    slept: list[float] = []
-    calls: list[Any] = []
-
-    class Port(SyncPort):
-        def perform(self, step: Any) -> Any:
-            if type(step).__name__ == "Sleep":
-                slept.append(step.seconds)
-                if len(slept) >= n:
-                    raise Stopped()
-                return None
-            calls.append(step)
-            return super().perform(step)
-
-    with pytest.raises(Stopped):
-        drive(presence.steps(Collect()), Port(LeaseStore(api)))  # type: ignore[arg-type]
-    return slept, calls
-
-
 def _dispatcher_record(api: FakeKubeApi, selector: str, renewed: datetime) -> None:
     api.presence[("ns", "joblease-dispatcher-x")] = {
         "metadata": {"name": "joblease-dispatcher-x", "namespace": "ns",
@@ -274,7 +270,7 @@ def test_a_worker_reading_its_inbox_with_a_live_dispatcher_skips_the_warm_up() -
     api = FakeKubeApi(now=ServerNow.exact(T_NOW))
     _dispatcher_record(api, "p=1", T_NOW)
     presence = Presence("ns", "p=1", "w1", slots=1)
-    slept, _ = _sleeps_and_calls(presence, api, 3)
+    slept, _ = drive_rounds(presence, api, 3)
     assert all(0.8 * presence.every <= s <= 1.2 * presence.every for s in slept), slept
 
 
@@ -286,14 +282,14 @@ def test_the_warm_up_stays_for_a_worker_that_may_take_turns(case: str) -> None:
                            T_NOW - timedelta(seconds=60) if case == "lapsed dispatcher"
                            else T_NOW)
     presence = Presence("ns", "p=1", "w1", slots=None if case == "no inbox" else 1)
-    slept, _ = _sleeps_and_calls(presence, api, 3)
+    slept, _ = drive_rounds(presence, api, 3)
     assert all(0.8 * e <= s <= 1.2 * e for s, e in zip(slept, WARM_UP, strict=True)), slept
 
 
 def test_the_presence_list_is_read_from_the_watch_cache() -> None:
     """``resourceVersion=0``: no quorum read of etcd for a figure judged in seconds."""
     api = FakeKubeApi(now=ServerNow.exact(T_NOW))
-    _, calls = _sleeps_and_calls(Presence("ns", "p=1", "w1"), api, 2)
+    _, calls = drive_rounds(Presence("ns", "p=1", "w1"), api, 2)
     lists = [c.call for c in calls if type(c).__name__ == "Call" and c.call.method == "GET"]
     assert len(lists) == 2
     assert all(c.query == {"labelSelector": f"{POOL_LABEL}={pool_key('p=1')},"
@@ -306,22 +302,12 @@ def test_a_pending_announcement_keeps_the_warm_up_until_it_is_sent() -> None:
     api = FakeKubeApi(now=ServerNow.exact(T_NOW))
     _dispatcher_record(api, "p=1", T_NOW)
     presence = Presence("ns", "p=1", "w1", slots=1)
-    slept: list[float] = []
 
-    class Port(SyncPort):
-        def perform(self, step: Any) -> Any:
-            if type(step).__name__ == "Sleep":
-                slept.append(step.seconds)
-                if len(slept) >= 3:
-                    raise Stopped()
-                return None
-            answer = super().perform(step)
-            if presence.counts.renewals == 1 and not presence.waits_for_empty:
-                presence.wait_for_empty()  # after the first renewal went out
-            return answer
+    def until_empty_after_the_first_renewal() -> None:
+        if presence.counts.renewals == 1 and not presence.waits_for_empty:
+            presence.wait_for_empty()
 
-    with pytest.raises(Stopped):
-        drive(presence.steps(Collect()), Port(LeaseStore(api)))  # type: ignore[arg-type]
+    slept, _ = drive_rounds(presence, api, 3, after=until_empty_after_the_first_renewal)
     assert 0.8 * WARM_UP[0] <= slept[0] <= 1.2 * WARM_UP[0]  # the announcement comes soon
     assert all(0.8 * presence.every <= s <= 1.2 * presence.every for s in slept[1:]), slept
     record = api.presence[("ns", record_name(pool_key("p=1"), "w1"))]
