@@ -377,7 +377,7 @@ def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
         rows.append(_dispatched_drain_row(drain, real, pool["workers"], t))
     budget = pool.get("cpu_budget") or {}
     if "dispatched" in budget:
-        rows.append(_cpu_budget_row(budget))
+        rows.append(_cpu_budget_row(budget, pool["workers"]))
     order, urgent, trickle = d.get("order"), d.get("urgent"), d.get("trickle")
     if order is not None:
         label = (f"pool, dispatched: order, {pool['workers']} workers, "
@@ -412,7 +412,7 @@ def _dispatched_rows(pool: dict[str, Any]) -> list[Row]:
     return rows
 
 
-def _cpu_budget_row(budget: dict[str, dict[str, float]]) -> Row:
+def _cpu_budget_row(budget: dict[str, dict[str, float]], workers: int) -> Row:
     """Everyone's CPU per job in the dispatched drain beside the floor with bodies: what
     bounds the drain's ratio on a host whose CPUs the floor already fills."""
     def parts(b: dict[str, float]) -> str:
@@ -425,7 +425,7 @@ def _cpu_budget_row(budget: dict[str, dict[str, float]]) -> Row:
             "of the control plane / workers (start-ups, commands, supervisors) / dispatcher / "
             "the rest of the host = busy, of what the CPUs could give",
             parts(budget["dispatched"]),
-            f"floor with the pool's bodies (clients: its 20 processes): "
+            f"floor with the pool's bodies (clients: its {workers} processes): "
             f"{parts(budget['floor'])}", "", "info", "n/a")
 
 

@@ -228,7 +228,8 @@ def test_the_cpu_budget_row_puts_the_drain_beside_the_floor() -> None:
                                clients_s=0.0045)
     drain = figures.cpu_budget([_window(33.0, 34.0, kube_apiserver=15.0, etcd=3.5)], 1000,
                                clients_s=0.0137, dispatcher_s=0.0024)
-    row = report._cpu_budget_row({"floor": floor, "dispatched": drain})
+    row = report._cpu_budget_row({"floor": floor, "dispatched": drain}, 4)
+    assert "its 4 processes" in row[2]  # the run's own count (--quick: 4)
     assert row[1] == "15.0 / 3.5 / 0.0 / 13.7 / 2.4 / -1.6 = 33.0 of 34.0 (97 % busy)"
     assert row[2].endswith("12.0 / 3.0 / 0.0 / 4.5 / 0.0 / 0.5 = 20.0 of 20.0 (100 % busy)")
 
